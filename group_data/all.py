@@ -1,0 +1,56 @@
+# Defaults for every host: each module-level name is a host.data key that
+# tasks/spec.py validates into a Spec (unknown keys are errors, so a typo such
+# as `tp_sise` fails before any host is touched). Hosts and groups override
+# these in inventory/*.py and group_data/<group>.py. pyinfra's own keys
+# (ssh_*, _sudo, ...) are not ours and pass through untouched.
+#
+# Required per host or group (no default here):
+#   model    - name of a profile in models/ (models/<model>.yaml): repo,
+#              pinned revision, served name, quantization, attention type
+#   gpu_ids  - the GPU indexes this server uses (nvidia-smi order), e.g. [0, 1]
+
+# --- model on disk
+model_dir = None          # absolute path on the host; None: /srv/models/<served_model_name>
+size_margin_gb = 50       # GB that must stay free on that disk after the download (>= 0)
+
+# --- python environment
+venv_path = "/opt/sglang/venv"    # the server's venv (absolute path on the host)
+venv_python = "/usr/bin/python3"  # interpreter that creates the venv
+packages = ["sglang==0.5.23"]     # pip requirements, each pinned (name==version)
+get_pip_url = "https://bootstrap.pypa.io/get-pip.py"  # when the venv has no pip and no ensurepip
+pip_wheel = None          # controller path of a pip-*.whl to upload to offline hosts instead
+
+# --- quantization dependencies (compressed-tensors upgrade policy)
+compressed_tensors_allow_conflicts = []  # package names whose `pip check` conflict is tolerated (e.g. "vllm")
+compressed_tensors_hold = ["torch", "sglang", "flashinfer-python"]  # held at installed versions
+
+# --- parallelism and attention
+tp_size = None            # tensor parallel size; None: len(gpu_ids) x nnodes (must equal that)
+attention_backend = "auto"  # "auto" (by compute capability and attention type) or an SGLang backend
+
+# --- listening and secrets
+listen_host = "0.0.0.0"   # --host
+listen_port = 30000       # --port (1..65535)
+api_key_env = None        # NAME of a controller env var holding the API key (never the key itself)
+api_key_required = True   # False: a missing api_key_env variable means "serve without a key"
+hf_token_env = "HF_TOKEN"  # NAME of a controller env var holding the HF token (optional)
+hf_endpoint = None        # Hub mirror URL (HF_ENDPOINT), None for huggingface.co
+
+# --- the server process
+extra_env = {}            # server environment, str -> str (NCCL_*, PYTHONPATH...); wins over derived values
+extra_server_args = []    # SGLang flags appended after the model profile's
+unit_name = "sglang.service"            # systemd unit (ends .service)
+server_module = "sglang.launch_server"  # run as `venv/bin/python -m <server_module>`
+readiness_timeout_s = 3600  # seconds to wait for /health 200 (big models load for tens of minutes)
+
+# --- stale GPU processes on our GPUs
+stale_policy = "stop"     # "stop" them, "fail" the deploy, or "ignore" them
+stale_grace_s = 30        # seconds between SIGTERM and SIGKILL (>= 0)
+protect_units = []        # systemd units never stopped (full names, e.g. "nvidia-persistenced.service")
+protect_process_names = []  # process names never signalled
+
+# --- multi-node tensor parallelism
+nnodes = 1                # number of nodes in the TP group
+node_rank = 0             # this host's rank, 0..nnodes-1
+dist_init_addr = None     # "host:port" of rank 0, required when nnodes > 1
+packages_no_deps = []     # pinned requirements installed with --no-deps (sglang beside a CPU torch in the sandbox)

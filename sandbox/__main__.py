@@ -1,0 +1,105 @@
+"""python -m sandbox up|down|status|ssh|build: local simulated GPU hosts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from . import hosts as H
+from . import rootfs
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    result = H.up(
+        args.hosts,
+        gpus=args.gpus,
+        gpu_mib=args.gpu_mib,
+        compute_cap=args.compute_cap,
+        p2p=args.p2p,
+        gpu_name=args.gpu_name,
+    )
+    for host in result:
+        print(f"{host.name}\t{host.address}\tup\t{host.gpu_summary()}")
+    print(f"{len(result)} sandbox host(s) up in {time.monotonic() - started:.1f} s "
+          f"(ssh: python -m sandbox ssh {result[0].name} -- CMD; pyinfra inventory/sandbox.py ...)")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    names = H.down()
+    print(f"removed {len(names)} sandbox host(s){': ' + ' '.join(names) if names else ''} "
+          f"in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    rows = H.status()
+    if not rows:
+        print("no sandbox hosts (python -m sandbox up --hosts N)")
+        return 0
+    for row in rows:
+        print(f"{row['name']}\t{row['address']}\t{row['state']}\t{row['summary']}")
+    return 0 if all(r["state"] in ("running", "degraded") for r in rows) else 1
+
+
+def _cmd_ssh(args: argparse.Namespace) -> int:
+    host = H.get_host(args.name)
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    argv = host.ssh_args()
+    if not cmd:
+        argv.insert(1, "-t")
+    os.execvp(argv[0], argv + ([" ".join(cmd)] if cmd else []))
+    return 0  # not reached
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    rootfs.ensure_tools()
+    rootfs.ensure_ssh_key()
+    print(rootfs.ensure_rootfs(rebuild=args.rebuild))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandbox", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="ensure sandbox hosts sgc1..sgcN run (keeps running ones)")
+    p.add_argument("--hosts", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=H.DEFAULT_LAYOUT["gpus"])
+    p.add_argument("--gpu-mib", type=int, default=H.DEFAULT_LAYOUT["gpu_mib"])
+    p.add_argument("--compute-cap", default=H.DEFAULT_LAYOUT["compute_cap"])
+    p.add_argument("--p2p", default=H.DEFAULT_LAYOUT["p2p"], choices=["OK", "NS", "CNS", "GNS", "TNS", "U"])
+    p.add_argument("--gpu-name", default=H.DEFAULT_LAYOUT["gpu_name"])
+    p.set_defaults(func=_cmd_up)
+
+    p = sub.add_parser("down", help="remove every sandbox host (also after a crashed run)")
+    p.set_defaults(func=_cmd_down)
+
+    p = sub.add_parser("status", help="list sandbox hosts and their state")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("ssh", help="ssh into a sandbox host: ssh NAME [-- CMD ...]")
+    p.add_argument("name")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_ssh)
+
+    p = sub.add_parser("build", help="build the cached rootfs (up does this when needed)")
+    p.add_argument("--rebuild", action="store_true", help="rebuild even when cached (hosts must be down)")
+    p.set_defaults(func=_cmd_build)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (RuntimeError, KeyError, PermissionError, ValueError) as err:
+        print(f"sandbox: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,886 @@
+"""Sandbox hosts: Debian guests booted by systemd-nspawn, reachable by ssh.
+
+Each host sgcN is a real systemd (PID 1) + sshd in its own network namespace
+(sgc-nsN; veth sgc-hN on the machine, eth0 in the guest; 10.77.N.2, machine
+side 10.77.N.1, NAT for the guest's apt/pip), on a throw-away overlayfs over
+the cached rootfs (sandbox.rootfs), in its own cgroup (sgc-sgcN). GPUs are
+simulated (sandbox.gpusim + the nvidia-smi stand-in).
+
+Python API:
+    up(count, **layout_opts) -> list[SandboxHost]   ensure hosts 1..count run
+    down()                                          remove every sandbox host
+    status() -> list[dict]                          hosts and their state
+    load_hosts() -> list[SandboxHost]               from the state file
+    set_disk(host, path, size_mib) / grow_disk(...)  size-limited fs at path
+
+Everything made here is named with the "sgc" prefix, so `down()` also cleans
+up after a crashed or interrupted run by scanning for those names.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import configparser
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import gpusim, rootfs
+
+PREFIX = "sgc"
+STATE_DIR = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox"))
+STATE_FILE = STATE_DIR / "hosts.json"
+VAR_DIR = Path(os.environ.get("SGC_VAR_DIR", "/var/lib/sglang-converge/sandbox"))
+NETNS_DIR = Path("/run/netns")
+CGROUP_BASE = Path("/sys/fs/cgroup")
+SUBNET = "10.77"
+GUEST_LIB = "/usr/local/lib/sandbox-gpu"
+WHEEL_DIRS = ("/opt/wheels", "/opt/pypi", "/opt/pypi-more")
+PIP_CONFIG_FILES = (
+    "/etc/pip.conf",
+    "/etc/xdg/pip/pip.conf",
+    os.path.expanduser("~/.pip/pip.conf"),
+    os.path.expanduser("~/.config/pip/pip.conf"),
+)
+BOOT_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+MAX_HOSTS = 254
+
+SRC_DIR = Path(__file__).resolve().parent
+# files of sandbox/ copied into every guest's GUEST_LIB at `up` (those that exist):
+# stdlib-only scripts that run on the sandbox host
+GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py")
+
+DEFAULT_LAYOUT = {
+    "gpus": 8,
+    "gpu_mib": gpusim.CT200_GPU_MIB,
+    "compute_cap": "12.0",
+    "p2p": "OK",
+    "gpu_name": gpusim.CT200_GPU_NAME,
+    "driver_version": "580.95.05",
+}
+
+
+def _log(msg: str) -> None:
+    print(f"[sandbox] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- names
+
+
+def host_name(index: int) -> str:
+    return f"{PREFIX}{index}"
+
+
+def netns_name(index: int) -> str:
+    return f"{PREFIX}-ns{index}"
+
+
+def veth_host(index: int) -> str:
+    return f"{PREFIX}-h{index}"
+
+
+def cgroup_name(name: str) -> str:
+    return f"{PREFIX}-{name}"
+
+
+def guest_address(index: int) -> str:
+    return f"{SUBNET}.{index}.2"
+
+
+def machine_address(index: int) -> str:
+    return f"{SUBNET}.{index}.1"
+
+
+def _index_of(name: str) -> int | None:
+    m = re.fullmatch(rf"{PREFIX}(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------- host
+
+
+SSH_OPTIONS = (
+    "-o", "BatchMode=yes",
+    "-o", "StrictHostKeyChecking=no",
+    "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "GlobalKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR",
+    "-o", "ConnectTimeout=5",
+    "-o", "IdentitiesOnly=yes",
+)  # fmt: skip
+
+
+@dataclass
+class SandboxHost:
+    name: str
+    index: int
+    address: str
+    ssh_key: str
+    machine_address: str = ""
+    netns: str = ""
+    nspawn_pid: int = 0
+    root: str = ""  # the guest's / as seen from the machine (overlay mount)
+    gpus: dict = field(default_factory=dict)  # layout summary
+
+    def ssh_args(self) -> list[str]:
+        """argv prefix for subprocess: ssh_args() + ["cmd ..."]."""
+        return ["ssh", "-i", self.ssh_key, *SSH_OPTIONS, f"root@{self.address}"]
+
+    def run(
+        self,
+        cmd: str | list[str],
+        check: bool = True,
+        timeout: float | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
+        """Run a shell command on the guest over ssh (text output captured)."""
+        remote = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        return subprocess.run(
+            [*self.ssh_args(), remote],
+            check=check,
+            timeout=timeout,
+            input=input,
+            text=True,
+            capture_output=True,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+
+    def gpu_summary(self) -> str:
+        g = self.gpus or {}
+        if not g:
+            return "GPUs: simulated"
+        return (
+            f"GPUs: simulated ({g.get('count')} x {g.get('name')}, {g.get('memory_mib')} MiB, "
+            f"compute {g.get('compute_cap')}, p2p {g.get('p2p')})"
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _sh(*argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(argv), text=True, capture_output=True, input=input)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+@contextmanager
+def _state_lock():
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _read_state() -> dict:
+    try:
+        state = json.loads(STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return {"version": 1, "hosts": {}}
+    state.setdefault("hosts", {})
+    return state
+
+
+def _write_state(state: dict) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    tmp.replace(STATE_FILE)
+
+
+def _host_from_entry(entry: dict) -> SandboxHost:
+    known = {f for f in SandboxHost.__dataclass_fields__}
+    return SandboxHost(**{k: v for k, v in entry.items() if k in known})
+
+
+def load_hosts() -> list[SandboxHost]:
+    """The hosts of the state file, in index order (empty when none is up)."""
+    hosts = [_host_from_entry(e) for e in _read_state()["hosts"].values()]
+    return sorted(hosts, key=lambda h: h.index)
+
+
+def _proc_cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _is_our_nspawn(pid: int, name: str | None = None) -> bool:
+    argv = _proc_cmdline(pid)
+    if not argv or os.path.basename(argv[0]) != "systemd-nspawn":
+        return False
+    joined = " ".join(argv)
+    if str(VAR_DIR) not in joined:
+        return False
+    return name is None or f"{VAR_DIR}/{name}/" in joined
+
+
+def _scan_nspawn_pids() -> dict[str, list[int]]:
+    """nspawn processes running a guest of ours, by host name."""
+    found: dict[str, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if not _is_our_nspawn(pid):
+            continue
+        m = re.search(rf"{re.escape(str(VAR_DIR))}/({PREFIX}\d+)/", " ".join(_proc_cmdline(pid)))
+        if m:
+            found.setdefault(m.group(1), []).append(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return st != "Z"
+    except OSError:
+        return False
+
+
+def guest_init_pid(host: SandboxHost) -> int | None:
+    """The guest's systemd (PID 1 inside it), as a PID on the machine (for nsenter)."""
+    try:
+        children = Path(f"/proc/{host.nspawn_pid}/task/{host.nspawn_pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+# ------------------------------------------------------------------ cgroups
+
+
+def cgroup_roots() -> list[Path]:
+    """Hierarchies where each guest gets its own directory."""
+    if (CGROUP_BASE / "cgroup.controllers").exists():  # pure cgroup2
+        return [CGROUP_BASE]
+    roots = []
+    for sub in ("systemd", "unified"):
+        p = CGROUP_BASE / sub
+        if (p / "cgroup.procs").exists():
+            roots.append(p)
+    return roots
+
+
+def _cgroup_dirs(name: str) -> list[Path]:
+    return [root / cgroup_name(name) for root in cgroup_roots()]
+
+
+def _cgroup_pids(path: Path) -> set[int]:
+    pids: set[int] = set()
+    if not path.is_dir():
+        return pids
+    for procs in path.rglob("cgroup.procs"):
+        try:
+            pids.update(int(p) for p in procs.read_text().split())
+        except OSError:
+            pass
+    return pids
+
+
+def _rmdir_tree(path: Path) -> None:
+    if not path.is_dir():
+        return
+    dirs = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+    for d in [*dirs, path]:
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ network
+
+
+def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _sh("iptables", "-w", *args, check=check)
+
+
+def _nat_rule(index: int) -> list[str]:
+    return [
+        "POSTROUTING", "-s", f"{SUBNET}.{index}.0/24", "!", "-o", veth_host(index),
+        "-m", "comment", "--comment", cgroup_name(host_name(index)), "-j", "MASQUERADE",
+    ]  # fmt: skip
+
+
+def _setup_network(index: int) -> None:
+    ns, vh = netns_name(index), veth_host(index)
+    marker = STATE_DIR / "netns-mount.created"
+    if not _is_mountpoint(NETNS_DIR) and not marker.exists():
+        # `ip netns add` makes /run/netns a mount point: down() undoes that
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        marker.write_text("dir-existed\n" if NETNS_DIR.is_dir() else "dir-created\n")
+    _sh("ip", "netns", "add", ns)
+    _sh("ip", "link", "add", vh, "type", "veth", "peer", "name", f"{PREFIX}-g{index}", "netns", ns)
+    _sh("ip", "-n", ns, "link", "set", f"{PREFIX}-g{index}", "name", "eth0")
+    _sh("ip", "addr", "add", f"{machine_address(index)}/24", "dev", vh)
+    _sh("ip", "link", "set", vh, "up")
+    _sh("ip", "-n", ns, "addr", "add", f"{guest_address(index)}/24", "dev", "eth0")
+    _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+    _sh("ip", "-n", ns, "link", "set", "lo", "up")
+    _sh("ip", "-n", ns, "route", "add", "default", "via", machine_address(index))
+    fwd = Path("/proc/sys/net/ipv4/ip_forward")
+    if fwd.read_text().strip() != "1":
+        orig = STATE_DIR / "ip_forward.orig"
+        if not orig.exists():
+            orig.write_text(fwd.read_text())
+        fwd.write_text("1\n")
+    rule = _nat_rule(index)
+    if _iptables("-t", "nat", "-C", *rule, check=False).returncode != 0:
+        _iptables("-t", "nat", "-A", *rule)
+    # a machine whose FORWARD policy drops (docker) still forwards our guests
+    if "-P FORWARD ACCEPT" not in _iptables("-S", "FORWARD", check=False).stdout:
+        for direction in ("-s", "-d"):
+            r = ["FORWARD", direction, f"{SUBNET}.{index}.0/24", "-m", "comment", "--comment",
+                 cgroup_name(host_name(index)), "-j", "ACCEPT"]  # fmt: skip
+            if _iptables("-C", *r, check=False).returncode != 0:
+                _iptables("-I", *r)
+
+
+def _our_iptables_rules() -> list[tuple[str, list[str]]]:
+    """(table, rule args after -A) of every rule commented sgc-..."""
+    rules = []
+    for table, chain in (("nat", "POSTROUTING"), ("filter", "FORWARD")):
+        out = _iptables("-t", table, "-S", chain, check=False).stdout
+        for line in out.splitlines():
+            args = shlex.split(line)
+            if args[:1] != ["-A"] or "--comment" not in args:
+                continue
+            comment = args[args.index("--comment") + 1]
+            if re.fullmatch(rf"{PREFIX}-{PREFIX}\d+", comment):
+                rules.append((table, args[1:]))
+    return rules
+
+
+# ------------------------------------------------------------------ guest files
+
+
+def pip_settings() -> dict[str, str]:
+    """find-links / extra-index-url / index-url / constraint of the machine's pip config."""
+    wanted = ("find-links", "extra-index-url", "index-url", "constraint")
+    settings: dict[str, str] = {}
+    parser = configparser.RawConfigParser()
+    for path in PIP_CONFIG_FILES:  # later files win, like pip
+        try:
+            parser.read(path)
+        except configparser.Error:
+            continue
+        for section in ("global", "install"):
+            if parser.has_section(section):
+                for key in wanted:
+                    if parser.has_option(section, key):
+                        settings[key] = " ".join(parser.get(section, key).split())
+        parser = configparser.RawConfigParser()
+    for key in wanted:
+        env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
+        if env:
+            settings[key] = " ".join(env.split())
+    return settings
+
+
+def _guest_pip_conf() -> tuple[str, list[Path]]:
+    """(pip.conf text, machine files to copy to the same path in the guest)."""
+    settings = pip_settings()
+    lines = ["[global]", "disable-pip-version-check = true"]
+    extra_files: list[Path] = []
+    for key in ("index-url", "extra-index-url", "find-links"):
+        if key in settings:
+            lines.append(f"{key} = {settings[key]}")
+    constraint = settings.get("constraint")
+    if constraint and Path(constraint).is_file():
+        lines.append(f"constraint = {constraint}")
+        extra_files.append(Path(constraint))
+    return "\n".join(lines) + "\n", extra_files
+
+
+def _guest_resolv_conf() -> str:
+    try:
+        text = Path("/etc/resolv.conf").read_text()
+    except OSError:
+        return ""
+    keep = []
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["nameserver"] and len(parts) > 1:
+            if parts[1].startswith("127.") or parts[1] == "::1":
+                continue
+            keep.append(line)
+        elif parts[:1] in (["search"], ["options"]):
+            keep.append(line)
+    return "\n".join(keep) + "\n" if keep else ""
+
+
+def _write(root: Path, rel: str, data: str | bytes, mode: int = 0o644) -> None:
+    dest = root / rel.lstrip("/")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.sgc-tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.chmod(tmp, mode)
+    tmp.replace(dest)
+
+
+def _layout_for(index: int, opts: dict) -> dict:
+    return gpusim.make_layout(
+        count=int(opts["gpus"]),
+        memory_mib=int(opts["gpu_mib"]),
+        name=str(opts["gpu_name"]),
+        compute_cap=str(opts["compute_cap"]),
+        driver_version=str(opts["driver_version"]),
+        p2p=str(opts["p2p"]),
+        host_tag=f"{index:04x}",
+    )
+
+
+def _layout_summary(layout: dict) -> dict:
+    g0 = layout["gpus"][0] if layout["gpus"] else {}
+    return {
+        "count": len(layout["gpus"]),
+        "name": g0.get("name", ""),
+        "memory_mib": g0.get("memory_total_mib", 0),
+        "compute_cap": g0.get("compute_cap", ""),
+        "p2p": layout.get("p2p", ""),
+        "driver_version": layout.get("driver_version", ""),
+    }
+
+
+def install_guest_files(root: Path, name: str, layout: dict) -> None:
+    """Copy what changes often into a guest's root (before boot, or live)."""
+    for mod in GUEST_FILES:
+        if (SRC_DIR / mod).is_file():
+            _write(root, f"{GUEST_LIB}/{mod}", (SRC_DIR / mod).read_bytes(), 0o755)
+    _write(root, "/usr/local/bin/nvidia-smi", (SRC_DIR / "nvidia_smi.py").read_bytes(), 0o755)
+    _write(root, "/etc/sandbox-gpu/layout.json", json.dumps(layout, indent=2) + "\n")
+    _write(
+        root,
+        "/etc/sandbox-gpu/SIMULATED",
+        "The GPUs of this host are simulated (sglang-converge sandbox): "
+        f"{GUEST_LIB}/gpusim.py + /usr/local/bin/nvidia-smi stand-in.\n",
+    )
+
+
+def _prepare_root(root: Path, name: str, layout: dict) -> None:
+    key_pub = Path(str(rootfs.SSH_KEY) + ".pub").read_text()
+    (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
+    _write(root, "/root/.ssh/authorized_keys", key_pub, 0o600)
+    _write(root, "/etc/hostname", name + "\n")
+    _write(root, "/etc/hosts", rootfs.ETC_HOSTS + f"127.0.1.1\t{name}\n")
+    _write(root, "/etc/resolv.conf", _guest_resolv_conf())
+    if rootfs.APT_SOURCES.exists():
+        _write(root, str(rootfs.APT_SOURCES), rootfs.APT_SOURCES.read_text())
+    pip_conf, extra = _guest_pip_conf()
+    _write(root, "/etc/pip.conf", pip_conf)
+    for path in extra:
+        _write(root, str(path), path.read_bytes())
+    install_guest_files(root, name, layout)
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def _host_dir(name: str) -> Path:
+    return VAR_DIR / name
+
+
+def _is_mountpoint(path: Path) -> bool:
+    """Also true for a bind mount of the same filesystem (os.path.ismount is not)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return os.path.ismount(path)
+    return any(line.split()[4].replace("\\040", " ") == str(path) for line in lines)
+
+
+def _mounts_under(path: Path) -> list[str]:
+    out = []
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return out
+    prefix = str(path).rstrip("/") + "/"
+    for line in lines:
+        target = line.split()[1].replace("\\040", " ")
+        if target == str(path) or target.startswith(prefix):
+            out.append(target)
+    return sorted(set(out), key=len, reverse=True)
+
+
+def _start_guest(index: int, base: Path, layout: dict) -> SandboxHost:
+    """Set up one guest and launch its nspawn (does not wait for the boot)."""
+    name = host_name(index)
+    hdir = _host_dir(name)
+    _teardown(name, index, pids=[])  # leftovers of a crashed run
+    for sub in ("upper", "work", "merged"):
+        (hdir / sub).mkdir(parents=True, exist_ok=True)
+    merged = hdir / "merged"
+    _sh("mount", "-t", "overlay", f"{PREFIX}-{name}",
+        "-o", f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(merged))  # fmt: skip
+    _prepare_root(merged, name, layout)
+    _setup_network(index)
+    cgdirs = _cgroup_dirs(name)
+    for d in cgdirs:
+        d.mkdir(exist_ok=True)
+    nspawn = [
+        "systemd-nspawn", "--quiet", "--boot",
+        "--directory", str(merged),
+        "--machine", name,
+        "--register=no", "--keep-unit",
+        f"--network-namespace-path={NETNS_DIR / netns_name(index)}",
+        "--console=passive",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--link-journal=no",
+    ]  # fmt: skip
+    for d in WHEEL_DIRS:
+        if os.path.isdir(d):
+            nspawn.append(f"--bind-ro={d}")
+    # own cgroup (else all --keep-unit guests share the caller's) and own session
+    script = "".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))} && " for d in cgdirs)
+    script += "exec " + shlex.join(nspawn)
+    log = open(hdir / "nspawn.log", "wb")
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        log.close()
+    return SandboxHost(
+        name=name,
+        index=index,
+        address=guest_address(index),
+        ssh_key=str(rootfs.SSH_KEY),
+        machine_address=machine_address(index),
+        netns=netns_name(index),
+        nspawn_pid=proc.pid,
+        root=str(merged),
+        gpus=_layout_summary(layout),
+    )
+
+
+def _system_state(host: SandboxHost, timeout: float = 10) -> str:
+    try:
+        proc = host.run("systemctl is-system-running", check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "unreachable"
+    if proc.returncode == 255:
+        return "unreachable"
+    return proc.stdout.strip() or "unknown"
+
+
+def _wait_booted(host: SandboxHost, timeout: float = BOOT_TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout
+    # first: sshd listening (cheap), then: systemd done booting
+    while True:
+        if not _alive(host.nspawn_pid):
+            raise RuntimeError(f"{host.name}: systemd-nspawn exited during boot:\n{_log_tail(host.name)}")
+        try:
+            with socket.create_connection((host.address, 22), timeout=0.5):
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{host.name}: sshd not reachable after {timeout:.0f} s:\n{_log_tail(host.name)}")
+        time.sleep(0.05)
+    while True:
+        state = _system_state(host, timeout=5)
+        if state in ("running", "degraded"):
+            return state
+        if not _alive(host.nspawn_pid):
+            raise RuntimeError(f"{host.name}: systemd-nspawn exited during boot:\n{_log_tail(host.name)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{host.name}: still {state!r} after {timeout:.0f} s:\n{_log_tail(host.name)}")
+        time.sleep(0.1)
+
+
+def _log_tail(name: str, lines: int = 30) -> str:
+    try:
+        text = (_host_dir(name) / "nspawn.log").read_text(errors="replace")
+    except OSError:
+        return "(no nspawn log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _is_running(entry: dict) -> bool:
+    pid = int(entry.get("nspawn_pid") or 0)
+    return pid > 0 and _alive(pid) and _is_our_nspawn(pid, entry["name"])
+
+
+def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
+    """Ensure sandbox hosts sgc1..sgc<count> run; returns them in index order.
+
+    layout_opts: gpus=8, gpu_mib=97887, compute_cap="12.0", p2p="OK",
+    gpu_name=..., driver_version=... (default: ct200). Running hosts are
+    kept (their GPU layout is rewritten when it differs).
+    """
+    if not 1 <= count <= MAX_HOSTS:
+        raise ValueError(f"count must be 1..{MAX_HOSTS}, got {count}")
+    unknown = set(layout_opts) - set(DEFAULT_LAYOUT)
+    if unknown:
+        raise TypeError(f"unknown layout options {sorted(unknown)}; allowed: {sorted(DEFAULT_LAYOUT)}")
+    opts = {**DEFAULT_LAYOUT, **{k: v for k, v in layout_opts.items() if v is not None}}
+    if os.geteuid() != 0:
+        raise PermissionError("the sandbox needs root (namespaces, mounts, cgroups)")
+    rootfs.ensure_tools()
+    rootfs.ensure_ssh_key()
+    base = rootfs.ensure_rootfs()
+    with _state_lock():
+        state = _read_state()
+        hosts: dict[int, SandboxHost] = {}
+        started: list[SandboxHost] = []
+        try:
+            for index in range(1, count + 1):
+                name = host_name(index)
+                layout = _layout_for(index, opts)
+                entry = state["hosts"].get(name)
+                if entry and _is_running(entry):
+                    host = _host_from_entry(entry)
+                    if host.gpus != _layout_summary(layout):
+                        install_guest_files(Path(host.root), name, layout)
+                        host.gpus = _layout_summary(layout)
+                    hosts[index] = host
+                    continue
+                host = _start_guest(index, base, layout)
+                hosts[index] = host
+                started.append(host)
+                state["hosts"][name] = asdict(host)
+                _write_state(state)  # a crash from here on is still cleaned by down()
+            if started:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=len(started)) as pool:
+                    futures = {pool.submit(_wait_booted, h): h for h in started}
+                    errors = []
+                    for fut in concurrent.futures.as_completed(futures):
+                        try:
+                            fut.result()
+                        except Exception as err:  # noqa: BLE001
+                            errors.append(str(err))
+                    if errors:
+                        raise RuntimeError("sandbox boot failed:\n" + "\n".join(errors))
+        except BaseException:
+            # do not leave half-started guests behind
+            for host in started:
+                _teardown(host.name, host.index, pids=[host.nspawn_pid])
+                state["hosts"].pop(host.name, None)
+            _write_state(state)
+            raise
+        for index, host in hosts.items():
+            state["hosts"][host.name] = asdict(host)
+        _write_state(state)
+    return [hosts[i] for i in sorted(hosts)]
+
+
+def _stop_pids(pids: list[int], name: str) -> None:
+    pids = [p for p in pids if _alive(p)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)  # nspawn: orderly guest shutdown
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        _reap(pids)
+        time.sleep(0.05)
+    for pid in pids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _reap(pids)
+    # whatever is left in the guest's cgroups (the guest itself if nspawn was killed)
+    for _ in range(100):
+        left = set()
+        for d in _cgroup_dirs(name):
+            left |= _cgroup_pids(d)
+        left.discard(os.getpid())
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(list(left))
+        time.sleep(0.05)
+
+
+def _reap(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        except OSError:
+            pass
+
+
+def _teardown(name: str, index: int | None, pids: list[int]) -> None:
+    """Remove everything of one guest; each step tolerates it being gone."""
+    pids = sorted(set(pids) | set(_scan_nspawn_pids().get(name, [])))
+    _stop_pids([p for p in pids if _is_our_nspawn(p, name)], name)
+    hdir = _host_dir(name)
+    for target in _mounts_under(hdir):
+        if _sh("umount", target, check=False).returncode != 0:
+            _sh("umount", "-l", target, check=False)
+    if hdir.exists():
+        shutil.rmtree(hdir, ignore_errors=True)
+    if index is not None:
+        ns = netns_name(index)
+        if (NETNS_DIR / ns).exists():
+            _sh("ip", "netns", "del", ns, check=False)
+        if Path(f"/sys/class/net/{veth_host(index)}").exists():
+            _sh("ip", "link", "del", veth_host(index), check=False)
+    for d in _cgroup_dirs(name):
+        _rmdir_tree(d)
+
+
+def _scan_names() -> dict[str, int | None]:
+    """Every sandbox host name something of ours is left for (state or not)."""
+    names: dict[str, int | None] = {}
+    for entry in _read_state()["hosts"].values():
+        names[entry["name"]] = int(entry["index"])
+    for name in _scan_nspawn_pids():
+        names.setdefault(name, _index_of(name))
+    if VAR_DIR.is_dir():
+        for d in VAR_DIR.iterdir():
+            if _index_of(d.name) is not None:
+                names.setdefault(d.name, _index_of(d.name))
+    if NETNS_DIR.is_dir():
+        for ns in NETNS_DIR.iterdir():
+            m = re.fullmatch(rf"{PREFIX}-ns(\d+)", ns.name)
+            if m:
+                names.setdefault(host_name(int(m.group(1))), int(m.group(1)))
+    for dev in Path("/sys/class/net").iterdir():
+        m = re.fullmatch(rf"{PREFIX}-h(\d+)", dev.name)
+        if m:
+            names.setdefault(host_name(int(m.group(1))), int(m.group(1)))
+    for root in cgroup_roots():
+        for d in root.glob(f"{PREFIX}-{PREFIX}*"):
+            name = d.name[len(PREFIX) + 1 :]
+            if _index_of(name) is not None:
+                names.setdefault(name, _index_of(name))
+    return names
+
+
+def down() -> list[str]:
+    """Remove every sandbox guest and all it used; returns the names removed."""
+    with _state_lock():
+        state = _read_state()
+        names = _scan_names()
+        pids = {n: [int(e.get("nspawn_pid") or 0)] for n, e in state["hosts"].items()}
+        if names:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+                list(pool.map(lambda n: _teardown(n, names[n], [p for p in pids.get(n, []) if p]), names))
+        for table, rule in _our_iptables_rules():
+            _iptables("-t", table, "-D", *rule, check=False)
+        orig = STATE_DIR / "ip_forward.orig"
+        if orig.exists():
+            Path("/proc/sys/net/ipv4/ip_forward").write_text(orig.read_text())
+            orig.unlink()
+        marker = STATE_DIR / "netns-mount.created"
+        if marker.exists():
+            if NETNS_DIR.is_dir() and not any(NETNS_DIR.iterdir()):
+                for _ in range(4):  # concurrent `ip netns add` may have stacked it
+                    if not _is_mountpoint(NETNS_DIR):
+                        break
+                    _sh("umount", str(NETNS_DIR), check=False)
+                if marker.read_text().strip() == "dir-created":
+                    try:
+                        NETNS_DIR.rmdir()
+                    except OSError:
+                        pass
+            marker.unlink()
+        if VAR_DIR.is_dir() and not any(VAR_DIR.iterdir()):
+            VAR_DIR.rmdir()
+        STATE_FILE.unlink(missing_ok=True)
+    return sorted(names, key=lambda n: _index_of(n) or 0)
+
+
+def status() -> list[dict]:
+    """Each host of the state file: name, address, state, gpus summary."""
+    hosts = load_hosts()
+    entries = {e["name"]: e for e in _read_state()["hosts"].values()}
+
+    def one(host: SandboxHost) -> dict:
+        if not _is_running(entries[host.name]):
+            st = "stopped"
+        else:
+            st = _system_state(host, timeout=5)
+        return {"name": host.name, "index": host.index, "address": host.address, "state": st,
+                "gpus": host.gpus, "summary": host.gpu_summary()}  # fmt: skip
+
+    if not hosts:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return list(pool.map(one, hosts))
+
+
+def get_host(name: str) -> SandboxHost:
+    for host in load_hosts():
+        if host.name == name or host.address == name:
+            return host
+    raise KeyError(f"no sandbox host {name!r} is up (run: python -m sandbox up)")
+
+
+# ------------------------------------------------------------------ disks
+
+
+def set_disk(host: SandboxHost, path: str, size_mib: int) -> None:
+    """Mount a fresh size-limited filesystem (tmpfs) at `path` in the guest.
+
+    `df path` then reports size_mib total; what was at path is hidden (not
+    deleted) while it is mounted. Lasts until the guest stops.
+    """
+    size_mib = int(size_mib)
+    p = shlex.quote(path)
+    host.run(
+        f"mkdir -p {p} && if mountpoint -q {p}; then umount {p}; fi && "
+        f"mount -t tmpfs -o size={size_mib}m,mode=0755 {PREFIX}-disk {p}"
+    )
+
+
+def grow_disk(host: SandboxHost, path: str, size_mib: int) -> None:
+    """Resize the filesystem set_disk made at `path`, keeping its content."""
+    size_mib = int(size_mib)
+    p = shlex.quote(path)
+    proc = host.run(f"findmnt -n -o FSTYPE,SOURCE --target {p}", check=False)
+    if proc.stdout.split() != ["tmpfs", f"{PREFIX}-disk"] or host.run(f"mountpoint -q {p}", check=False).returncode:
+        set_disk(host, path, size_mib)
+        return
+    host.run(f"mount -o remount,size={size_mib}m {p}")
+
+
+def free_bytes(host: SandboxHost, path: str) -> int:
+    out = host.run(f"df -B1 --output=avail {shlex.quote(path)} | tail -n1").stdout
+    return int(out.strip())

@@ -1,0 +1,805 @@
+"""A local stand-in for the Hugging Face Hub (sandbox test bed only, never deployed).
+
+It speaks the part of the Hub HTTP API that huggingface_hub (2.x) uses for
+`snapshot_download(repo_id, revision=..., local_dir=..., endpoint=...)`,
+`hf_hub_download` and `HfApi(endpoint=...).model_info(repo, revision=,
+files_metadata=True)`, over plain HTTP (no Xet: no X-Xet-Hash header):
+
+    GET  /api/models/{repo}[/revision/{rev}][?blobs=true]   sha, siblings (+ size, blobId, lfs)
+    GET  /api/models/{repo}/tree/{rev}[/{dir}][?recursive=true&expand=false]
+    HEAD /{repo}/resolve/{rev}/{path}                      X-Repo-Commit, ETag, X-Linked-Etag,
+    GET  /{repo}/resolve/{rev}/{path}                      X-Linked-Size, Content-Length,
+                                                           Accept-Ranges; Range: bytes=N-[M] -> 206
+    GET  /api/whoami-v2                                    who the token is (401 without one)
+    GET  /  or  /health                                    200 "sandbox hub" (never needs a token)
+
+Errors as the Hub sends them: 404 with `X-Error-Code: RepoNotFound |
+RevisionNotFound | EntryNotFound`; with a token configured, a request without
+it gets 401 + RepoNotFound (what the Hub answers for a private repo), one with
+a wrong token 401 + `X-Error-Message: Invalid credentials in Authorization
+header`. Revisions: the 40-hex commit, or the branch "main" (-> the newest
+commit of the repo).
+
+Test hooks: `throttle_bps` (a global byte rate over all connections and
+addresses, settable while running), `drop_connections()` (cut every open
+connection, like a network drop), and a request log: `requests` (one
+RequestRecord per request), `request_count`, `bytes_served`,
+`content_gets()`, `reset_log()`.
+
+Stdlib only (plus sandbox.tinymodel), so the sandbox can run it anywhere.
+
+    python -m sandbox.hub serve --addr 127.0.0.1 --port 0 --size-mb 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+try:  # `python -m sandbox.hub` and `import sandbox.hub`
+    from sandbox.tinymodel import LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, git_blob_sha1, scan
+except ImportError:  # run as a plain script next to tinymodel.py
+    from tinymodel import LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, git_blob_sha1, scan  # type: ignore
+
+__all__ = ["HubServer", "RequestRecord", "DEFAULT_REPO_ID", "main"]
+
+DEFAULT_REPO_ID = "sandbox/tiny-moe"
+_FIXED_DATE = "2025-01-01T00:00:00.000Z"  # deterministic lastModified / createdAt
+_CHUNK = 64 * 1024
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+# ---------------------------------------------------------------------------
+# the served content
+
+
+@dataclass(frozen=True)
+class _File:
+    path: str  # in the repo
+    disk: Path
+    size: int
+    sha256: str
+    blob_id: str  # git oid: of the content, or of the LFS pointer for LFS files
+    lfs: bool
+    pointer_size: int
+
+    @property
+    def etag(self) -> str:
+        return self.sha256 if self.lfs else self.blob_id
+
+
+def _lfs_pointer(sha256: str, size: int) -> bytes:
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+def _safetensors_params(path: Path) -> dict[str, int]:
+    """Element counts by dtype from a safetensors header (what the Hub reports as `safetensors`)."""
+    out: dict[str, int] = {}
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100_000_000:
+                return {}
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, struct.error):
+        return {}
+    for name, t in header.items():
+        if name == "__metadata__" or not isinstance(t, dict):
+            continue
+        count = 1
+        for d in t.get("shape", []):
+            count *= d
+        out[t["dtype"]] = out.get(t["dtype"], 0) + count
+    return out
+
+
+class _Revision:
+    def __init__(self, info: ModelInfo):
+        self.info = info
+        self.commit = info.commit
+        self.files: dict[str, _File] = {}
+        for fe in info.files:
+            disk = Path(info.root) / fe.path
+            lfs = fe.path.endswith(LFS_SUFFIXES) or fe.size >= LFS_MIN_SIZE
+            if lfs:
+                pointer = _lfs_pointer(fe.sha256, fe.size)
+                blob_id, pointer_size = git_blob_sha1(pointer), len(pointer)
+            else:
+                blob_id, pointer_size = git_blob_sha1(disk.read_bytes()), 0
+            self.files[fe.path] = _File(fe.path, disk, fe.size, fe.sha256, blob_id, lfs, pointer_size)
+        self.dirs: set[str] = set()
+        for p in self.files:
+            parts = p.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                self.dirs.add("/".join(parts[:i]))
+        params: dict[str, int] = {}
+        for f in self.files.values():
+            if f.path.endswith(".safetensors"):
+                for k, v in _safetensors_params(f.disk).items():
+                    params[k] = params.get(k, 0) + v
+        self.safetensors = {"parameters": params, "total": sum(params.values())} if params else None
+
+    def dir_oid(self, d: str) -> str:
+        h = hashlib.sha1(f"tree\0{self.commit}\0{d}".encode())
+        return h.hexdigest()
+
+
+class _Repo:
+    def __init__(self, repo_id: str, revisions: list[ModelInfo]):
+        if not revisions:
+            raise ValueError(f"repo {repo_id!r} has no revision")
+        self.repo_id = repo_id
+        self.revisions: dict[str, _Revision] = {}
+        for info in revisions:
+            if not _COMMIT_RE.match(info.commit):
+                raise ValueError(f"repo {repo_id!r}: commit must be 40 lowercase hex, got {info.commit!r}")
+            self.revisions[info.commit] = _Revision(info)
+        self.branches = {"main": revisions[-1].commit}
+
+    def resolve(self, rev: str) -> _Revision | None:
+        commit = self.branches.get(rev, rev)
+        return self.revisions.get(commit)
+
+
+# ---------------------------------------------------------------------------
+# request log
+
+
+@dataclass
+class RequestRecord:
+    method: str
+    path: str  # as requested (with the query)
+    kind: str  # "resolve" | "revision" | "tree" | "whoami" | "health" | "other"
+    status: int = 0
+    bytes_sent: int = 0  # body bytes actually written
+    range: str | None = None
+    authorization: bool = False  # an Authorization header was sent
+    client: str = ""  # the peer's address
+    address: str = ""  # the bound address that answered
+    seconds: float = 0.0  # set when the response is done
+    complete: bool = True  # False while the body is going out, and when the connection dropped mid-body
+
+
+class _Pacer:
+    """One byte budget for the whole server: throttle_bps over all connections."""
+
+    def __init__(self, hub: "HubServer"):
+        self._hub = hub
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def wait(self, n: int) -> None:
+        bps = self._hub.throttle_bps
+        if not bps:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + n / bps
+            delay = self._next - now
+        if delay > 0:
+            time.sleep(delay)
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, code: str | None = None, message: str = "", headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message or HTTPStatus(status).phrase
+        self.headers = headers or {}
+
+
+# ---------------------------------------------------------------------------
+# HTTP
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, like the Hub
+    server_version = "sandbox-hub/1"
+    hub: "HubServer"  # set on the subclass made per HubServer
+
+    # quiet unless the server is verbose
+    def log_message(self, format: str, *args) -> None:  # noqa: A002
+        if self.hub.verbose:
+            sys.stderr.write(f"hub {self.address_string()} {format % args}\n")
+
+    def setup(self) -> None:
+        super().setup()
+        self.hub._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.hub._track(self.connection, False)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self._dispatch("POST")
+
+    # -- routing -----------------------------------------------------------
+
+    def _dispatch(self, method: str) -> None:
+        t0 = time.monotonic()
+        url = urlsplit(self.path)
+        path = url.path
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        rec = RequestRecord(
+            method=method,
+            path=self.path,
+            kind="other",
+            range=self.headers.get("Range"),
+            authorization=bool(self.headers.get("Authorization")),
+            client=self.client_address[0] if self.client_address else "",
+            address=str(self.server.server_address[0]),
+        )
+        self.hub._record(rec)  # logged now, updated live (bytes_sent grows while the body goes out)
+        try:
+            if path in ("/", "/health"):
+                rec.kind = "health"
+                self._send_json(rec, method, {"status": "ok", "server": "sandbox hub"})
+            elif path == "/api/whoami-v2":
+                rec.kind = "whoami"
+                self._check_auth(require=True)
+                self._send_json(rec, method, {"type": "user", "name": "sandbox", "auth": {"type": "access_token"}})
+            elif path.startswith("/api/models/"):
+                if method == "POST":
+                    raise _HTTPError(405, None, "Method not allowed")
+                self._api_models(rec, method, path[len("/api/models/") :], query)
+            elif "/resolve/" in path and method in ("GET", "HEAD"):
+                rec.kind = "resolve"
+                self._resolve(rec, method, path)
+            else:
+                raise _HTTPError(404, None, "Not found")
+        except _HTTPError as e:
+            self._send_error(rec, method, e)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError, OSError):
+            rec.complete = False
+            self.close_connection = True
+        finally:
+            rec.seconds = time.monotonic() - t0
+
+    def _check_auth(self, require: bool = False) -> None:
+        expected = self.hub.token
+        if expected is None and not require:
+            return
+        auth = self.headers.get("Authorization") or ""
+        if not auth:
+            # what the Hub answers for a private repo without credentials
+            raise _HTTPError(401, "RepoNotFound", "Invalid username or password.")
+        given = auth[7:] if auth.lower().startswith("bearer ") else ""
+        if expected is not None and given != expected:
+            raise _HTTPError(401, None, "Invalid credentials in Authorization header")
+
+    def _repo(self, rest: str) -> tuple[_Repo, str]:
+        """Split 'ns/name/...' into (repo, remainder) using the known repo ids (longest match)."""
+        rest = unquote(rest)
+        for repo_id in sorted(self.hub._repos, key=len, reverse=True):
+            if rest == repo_id or rest.startswith(repo_id + "/"):
+                return self.hub._repos[repo_id], rest[len(repo_id) + 1 :]
+        raise _HTTPError(
+            404,
+            "RepoNotFound",
+            "Repository not found",
+        )
+
+    def _revision(self, repo: _Repo, rev: str) -> _Revision:
+        r = repo.resolve(unquote(rev))
+        if r is None:
+            raise _HTTPError(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        return r
+
+    def _api_models(self, rec: RequestRecord, method: str, rest: str, query: dict[str, str]) -> None:
+        self._check_auth()
+        # /api/models/{repo}/revision/{rev} | /api/models/{repo}/tree/{rev}[/{path}] | /api/models/{repo}
+        m = re.match(r"^(?P<repo>.+?)/(?P<op>revision|tree)/(?P<rest>.+)$", rest)
+        if m and any(m.group("repo") == r or unquote(m.group("repo")) == r for r in self.hub._repos):
+            repo, _ = self._repo(m.group("repo"))
+            op = m.group("op")
+            if op == "revision":
+                rec.kind = "revision"
+                rev = self._revision(repo, m.group("rest"))
+                self._send_json(rec, method, self._model_info(repo, rev, _truthy(query.get("blobs"))))
+                return
+            rec.kind = "tree"
+            rev_s, _, sub = m.group("rest").partition("/")
+            rev = self._revision(repo, rev_s)
+            entries = self._tree(
+                rev, unquote(sub).strip("/"), _truthy(query.get("recursive")), _truthy(query.get("expand"))
+            )
+            self._send_json(rec, method, entries)
+            return
+        repo, remainder = self._repo(rest)
+        if remainder:
+            raise _HTTPError(404, None, "Not found")
+        rec.kind = "revision"
+        rev = self._revision(repo, "main")
+        self._send_json(rec, method, self._model_info(repo, rev, _truthy(query.get("blobs"))))
+
+    # -- payloads ------------------------------------------------------------
+
+    def _model_info(self, repo: _Repo, rev: _Revision, blobs: bool) -> dict:
+        siblings = []
+        for f in sorted(rev.files.values(), key=lambda f: f.path):
+            s: dict = {"rfilename": f.path}
+            if blobs:
+                s["size"] = f.size
+                s["blobId"] = f.blob_id
+                if f.lfs:
+                    s["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": f.pointer_size}
+            siblings.append(s)
+        cfg = rev.info.config or {}
+        config = {k: cfg[k] for k in ("architectures", "model_type") if k in cfg}
+        if isinstance(cfg.get("quantization_config"), dict):
+            config["quantization_config"] = {"quant_method": cfg["quantization_config"].get("quant_method")}
+        author = repo.repo_id.split("/")[0] if "/" in repo.repo_id else None
+        info = {
+            "_id": hashlib.sha1(repo.repo_id.encode()).hexdigest()[:24],
+            "id": repo.repo_id,
+            "modelId": repo.repo_id,
+            "author": author,
+            "sha": rev.commit,
+            "lastModified": _FIXED_DATE,
+            "createdAt": _FIXED_DATE,
+            "private": self.hub.token is not None,
+            "gated": False,
+            "disabled": False,
+            "downloads": 0,
+            "likes": 0,
+            "library_name": "transformers",
+            "pipeline_tag": "text-generation",
+            "tags": ["transformers", "safetensors", cfg.get("model_type", "custom"), "compressed-tensors"],
+            "config": config,
+            "siblings": siblings,
+            "spaces": [],
+            "usedStorage": sum(f.size for f in rev.files.values()),
+        }
+        if rev.safetensors:
+            info["safetensors"] = rev.safetensors
+        return info
+
+    def _tree(self, rev: _Revision, sub: str, recursive: bool, expand: bool) -> list[dict]:
+        if sub and sub not in rev.dirs:
+            if sub in rev.files:
+                raise _HTTPError(400, None, f"{sub} is a file, not a directory")
+            raise _HTTPError(404, "EntryNotFound", f"{sub} does not exist on {rev.commit}")
+        prefix = sub + "/" if sub else ""
+
+        def wanted(p: str) -> bool:
+            if not p.startswith(prefix) or p == sub:
+                return False
+            return recursive or "/" not in p[len(prefix) :]
+
+        out: list[dict] = []
+        for d in sorted(x for x in rev.dirs if wanted(x)):
+            out.append({"type": "directory", "oid": rev.dir_oid(d), "size": 0, "path": d})
+        for f in sorted((f for f in rev.files.values() if wanted(f.path)), key=lambda f: f.path):
+            e: dict = {"type": "file", "oid": f.blob_id, "size": f.size, "path": f.path}
+            if f.lfs:
+                e["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": f.pointer_size}
+            if expand:
+                e["lastCommit"] = {"id": rev.commit, "title": "Upload folder", "date": _FIXED_DATE}
+            out.append(e)
+        return out
+
+    # -- resolve ---------------------------------------------------------------
+
+    def _resolve(self, rec: RequestRecord, method: str, path: str) -> None:
+        self._check_auth()
+        repo_part, _, rest = path.lstrip("/").partition("/resolve/")
+        repo, remainder = self._repo(repo_part)
+        if remainder:
+            raise _HTTPError(404, "RepoNotFound", "Repository not found")
+        rev_s, _, file_s = rest.partition("/")
+        rev = self._revision(repo, rev_s)
+        f = rev.files.get(unquote(file_s))
+        if f is None:
+            raise _HTTPError(
+                404,
+                "EntryNotFound",
+                f"{unquote(file_s)} does not exist on {rev.commit}",
+                headers={"X-Repo-Commit": rev.commit},
+            )
+        headers = {
+            "Content-Type": _content_type(f.path),
+            "Accept-Ranges": "bytes",
+            "ETag": f'"{f.etag}"',
+            "X-Repo-Commit": rev.commit,
+            "Content-Disposition": (
+                f"inline; filename*=UTF-8''{quote(f.path.rsplit('/', 1)[-1])}; "
+                f'filename="{f.path.rsplit("/", 1)[-1]}"'
+            ),
+            "Cache-Control": "private, max-age=0, must-revalidate" if self.hub.token else "public, max-age=3600",
+        }
+        if f.lfs:
+            headers["X-Linked-Etag"] = f'"{f.sha256}"'
+            headers["X-Linked-Size"] = str(f.size)
+        start, end = 0, f.size - 1
+        status = 200
+        rng = self.headers.get("Range")
+        if rng:
+            parsed = _parse_range(rng, f.size)
+            if parsed is None:  # malformed or multi-range: ignore it, like many servers
+                pass
+            elif parsed == "unsatisfiable":
+                raise _HTTPError(416, None, "Range Not Satisfiable", headers={"Content-Range": f"bytes */{f.size}"})
+            else:
+                start, end = parsed
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end}/{f.size}"
+        length = max(0, end - start + 1)
+        headers["Content-Length"] = str(length)
+        rec.status = status
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if method == "HEAD" or length == 0:
+            return
+        self._send_file(rec, f.disk, start, length)
+
+    def _send_file(self, rec: RequestRecord, disk: Path, offset: int, length: int) -> None:
+        sock = self.connection
+        rec.complete = False
+        with open(disk, "rb") as fh:
+            if self.hub.throttle_bps:
+                fh.seek(offset)
+                remaining = length
+                while remaining > 0:
+                    chunk = fh.read(min(_CHUNK, remaining))
+                    if not chunk:
+                        raise ConnectionAbortedError("file shrank while serving")
+                    self.hub._pacer.wait(len(chunk))
+                    sock.sendall(chunk)
+                    rec.bytes_sent += len(chunk)
+                    remaining -= len(chunk)
+            else:
+                pos, remaining = offset, length
+                while remaining > 0:
+                    try:
+                        n = os.sendfile(sock.fileno(), fh.fileno(), pos, min(remaining, 8 << 20))
+                    except BlockingIOError:
+                        time.sleep(0.001)
+                        continue
+                    if n == 0:
+                        raise ConnectionAbortedError("file shrank while serving")
+                    pos += n
+                    remaining -= n
+                    rec.bytes_sent += n
+        rec.complete = True
+
+    # -- responses ---------------------------------------------------------------
+
+    def _send_json(self, rec: RequestRecord, method: str, obj) -> None:
+        body = json.dumps(obj).encode()
+        rec.status = 200
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(body)
+            rec.bytes_sent += len(body)
+
+    def _send_error(self, rec: RequestRecord, method: str, e: _HTTPError) -> None:
+        body = json.dumps({"error": e.message}).encode()
+        rec.status = e.status
+        self.send_response(e.status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        if e.code:
+            self.send_header("X-Error-Code", e.code)
+        self.send_header("X-Error-Message", e.message)
+        for k, v in e.headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(body)
+
+
+def _truthy(v: str | None) -> bool:
+    return v is not None and v.lower() in ("1", "true", "yes")
+
+
+def _content_type(path: str) -> str:
+    if path.endswith(".json"):
+        return "application/json"
+    if path.endswith((".md", ".txt", ".py", ".gitattributes")):
+        return "text/plain; charset=utf-8"
+    return "application/octet-stream"
+
+
+def _parse_range(value: str, size: int) -> tuple[int, int] | str | None:
+    """'bytes=N-', 'bytes=N-M', 'bytes=-K' -> (start, end) inclusive; 'unsatisfiable'; None if unusable."""
+    m = re.fullmatch(r"\s*bytes=(\d*)-(\d*)\s*", value)
+    if not m or (m.group(1) == "" and m.group(2) == ""):
+        return None
+    a, b = m.group(1), m.group(2)
+    if a == "":  # suffix: the last K bytes
+        k = int(b)
+        if k == 0:
+            return "unsatisfiable"
+        return (max(0, size - k), size - 1)
+    start = int(a)
+    end = size - 1 if b == "" else min(int(b), size - 1)
+    if start >= size or (b != "" and int(b) < start):
+        return "unsatisfiable"
+    return (start, end)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+# ---------------------------------------------------------------------------
+
+
+class HubServer:
+    """Serve generated repos on one port of each given address.
+
+    repos: repo id -> a ModelInfo (from sandbox.tinymodel.generate), a directory
+    (scanned: every file but .git/ and .cache/; the commit is a content hash), or a
+    list of those (several revisions; "main" is the last).
+    """
+
+    def __init__(
+        self,
+        repos: dict[str, "Path | str | ModelInfo | list[Path | str | ModelInfo]"],
+        addresses: list[str] | tuple[str, ...] = ("127.0.0.1",),
+        port: int = 0,
+        token: str | None = None,
+        throttle_bps: int | None = None,
+        verbose: bool = False,
+    ):
+        if not addresses:
+            raise ValueError("HubServer needs at least one address")
+        self.addresses = list(addresses)
+        self.port = port
+        self.token = token
+        self.throttle_bps = throttle_bps
+        self.verbose = verbose
+        self._repos: dict[str, _Repo] = {}
+        for repo_id, value in repos.items():
+            values = value if isinstance(value, (list, tuple)) else [value]
+            infos = [v if isinstance(v, ModelInfo) else scan(Path(v)) for v in values]
+            self._repos[repo_id] = _Repo(repo_id, infos)
+        self._servers: list[_Server] = []
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._pacer = _Pacer(self)
+        self.requests: list[RequestRecord] = []
+
+    # -- info ------------------------------------------------------------------
+
+    def commit(self, repo_id: str, branch: str = "main") -> str:
+        return self._repos[repo_id].branches[branch]
+
+    def url(self, address: str | None = None) -> str:
+        """The endpoint (HF_ENDPOINT) for one of the bound addresses (default: the first)."""
+        addr = address or self.addresses[0]
+        if addr not in self.addresses:
+            raise ValueError(f"{addr} is not one of the bound addresses {self.addresses}")
+        host = f"[{addr}]" if ":" in addr else addr
+        return f"http://{host}:{self.port}"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(a) for a in self.addresses]
+
+    # -- request log -------------------------------------------------------------
+
+    def _record(self, rec: RequestRecord) -> None:
+        with self._lock:
+            self.requests.append(rec)
+
+    @property
+    def request_count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    @property
+    def bytes_served(self) -> int:
+        with self._lock:
+            return sum(r.bytes_sent for r in self.requests)
+
+    def content_gets(self) -> list[RequestRecord]:
+        """GET requests for file contents (resolve), in order."""
+        with self._lock:
+            return [r for r in self.requests if r.kind == "resolve" and r.method == "GET"]
+
+    def reset_log(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    # -- connections ---------------------------------------------------------------
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    def drop_connections(self) -> int:
+        """Cut every open client connection now (a network drop). Returns how many."""
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(conns)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> "HubServer":
+        if self._servers:
+            return self
+        handler = type("_BoundHandler", (_Handler,), {"hub": self})
+        last_err: OSError | None = None
+        for _attempt in range(50):
+            servers: list[_Server] = []
+            port = self.port
+            try:
+                for addr in self.addresses:
+                    cls = _Server6 if ":" in addr else _Server
+                    srv = cls((addr, port), handler)
+                    servers.append(srv)
+                    port = srv.server_address[1]
+            except OSError as e:
+                for s in servers:
+                    s.server_close()
+                last_err = e
+                # an ephemeral port free on the first address but taken on another: try again
+                if self.port == 0 and e.errno == errno.EADDRINUSE and len(self.addresses) > 1:
+                    continue
+                raise
+            self.port = port
+            self._servers = servers
+            break
+        else:
+            raise last_err or OSError("could not bind")
+        for srv in self._servers:
+            t = threading.Thread(
+                target=srv.serve_forever, kwargs={"poll_interval": 0.1}, name=f"hub-{srv.server_address[0]}"
+            )
+            t.daemon = True
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        for srv in self._servers:
+            srv.shutdown()
+        self.drop_connections()
+        for srv in self._servers:
+            srv.server_close()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._servers, self._threads = [], []
+
+    def __enter__(self) -> "HubServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------
+# CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sandbox.hub", description="A local Hugging Face Hub stand-in.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="generate (or take) a model and serve it until interrupted")
+    s.add_argument("--addr", action="append", help="address to bind (repeatable; default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=0, help="port (0: any free one)")
+    s.add_argument("--repo", default=DEFAULT_REPO_ID, help=f"repo id (default {DEFAULT_REPO_ID})")
+    s.add_argument("--size-mb", type=int, default=40, help="size of the generated model")
+    s.add_argument("--shards", type=int, default=3)
+    s.add_argument("--format", dest="quant_format", default="nvfp4-pack-quantized")
+    s.add_argument("--model-type", default="deepseek_v3", choices=["deepseek_v3", "kimi_k2"])
+    s.add_argument("--model-dir", type=Path, help="where to generate the model (default: a temp dir)")
+    s.add_argument("--serve-dir", type=Path, help="serve this existing directory instead of generating")
+    s.add_argument("--token-env", metavar="VAR", help="require the token held in this environment variable")
+    s.add_argument("--throttle-mbps", type=float, help="limit the total rate (MB/s, 10^6 bytes)")
+    s.add_argument("--ready-file", type=Path, help="write {url, urls, port, repo, commit, files} here once serving")
+    s.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
+    args = ap.parse_args(argv)
+
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            ap.error(f"--token-env {args.token_env}: the variable is empty or unset")
+
+    tmp = None
+    if args.serve_dir:
+        info = scan(args.serve_dir)
+    else:
+        model_dir = args.model_dir
+        if model_dir is None:
+            tmp = tempfile.TemporaryDirectory(prefix="sandbox-hub-")
+            model_dir = Path(tmp.name)
+        t0 = time.monotonic()
+        info = generate(
+            model_dir,
+            args.size_mb,
+            args.shards,
+            args.quant_format,
+            model_type=args.model_type,
+            repo_name=args.repo,
+        )
+        print(f"generated {info.total_bytes} bytes in {time.monotonic() - t0:.2f}s at {model_dir}", flush=True)
+
+    hub = HubServer(
+        {args.repo: info},
+        args.addr or ["127.0.0.1"],
+        args.port,
+        token=token,
+        throttle_bps=int(args.throttle_mbps * 1e6) if args.throttle_mbps else None,
+        verbose=args.verbose,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with hub:
+        print(f"repo {args.repo} revision {info.commit} ({len(info.files)} files, {info.total_bytes} bytes)")
+        for u in hub.urls:
+            print(u)
+        sys.stdout.flush()
+        if args.ready_file:
+            args.ready_file.write_text(
+                json.dumps(
+                    {
+                        "url": hub.url(),
+                        "urls": hub.urls,
+                        "port": hub.port,
+                        "repo": args.repo,
+                        "commit": info.commit,
+                        "total_bytes": info.total_bytes,
+                        "files": [list(f) for f in info.files],
+                    },
+                    indent=2,
+                )
+            )
+        stop.wait()
+    print(f"served {hub.request_count} requests, {hub.bytes_served} bytes", flush=True)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

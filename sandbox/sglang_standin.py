@@ -1,0 +1,1277 @@
+"""SIMULATED SGLang server for the sandbox hosts: `python -m sglang_standin ARGS`.
+
+The sandbox hosts have no GPU and no model weights, so their SGLang unit runs
+this module instead of `python -m sglang.launch_server`, with the same
+arguments. It behaves like SGLang 0.5.23 wherever the deploy can see it:
+
+1. arguments: parsed with SGLang's own parser (`prepare_server_args`, which
+   handles `--config FILE.yaml`) when `sglang` is importable in the running
+   python, else with a small argparse that knows the flags the deploy uses
+   (same prog name, same error texts, exit 2);
+2. model: reads <model-path>/config.json; a compressed-tensors model imports
+   the venv's real `compressed_tensors.config.CompressionFormat` and touches
+   the members SGLang touches, so a too-old release raises the same
+   AttributeError (uncaught traceback, exit 1);
+3. GPUs (sandbox/gpusim.py state): TP memory-balance check and a
+   "Not enough memory" check against the simulated free memory;
+4. registers its GPU memory (mem_fraction_static x total per GPU) for its
+   own PID, so the `nvidia-smi` stand-in lists it while it lives;
+5. HTTP (stdlib): /health* 503 while "loading" then 200, /v1/models,
+   /server_info, /model_info, /v1/loads, /get_load, /version, /metrics,
+   /generate, /v1/chat/completions (plain and SSE), /v1/completions,
+   --api-key enforced like SGLang; SIGTERM drains in-flight requests, exit 0;
+6. multi-node (--nnodes N): ranks really rendezvous over TCP at
+   --dist-init-addr; rank 0 is ready only when all ranks joined; ranks
+   >= 1 serve only SGLang's dummy health server (/health, /health_generate,
+   /ping) like SGLang 0.5.23 does;
+7. logs shaped like SGLang's, the first line saying this is a simulation.
+
+Stdlib only, apart from optional imports from the running venv: sglang (its
+parser), compressed_tensors (the format check) and yaml (--config).
+
+Environment (all optional):
+  SANDBOX_LOAD_SECONDS      simulated load + warmup time, float, default 3
+  SANDBOX_GEN_DELAY_S       time each generation request takes, default 0.05
+  SANDBOX_SGLANG_PARSER     auto (default) | real | fallback
+  SANDBOX_DIST_WAIT_S       how long rank 0 waits for the other ranks when
+                            --dist-timeout is not given, default 600
+  SANDBOX_NONZERO_SIGTERM_WAIT_S
+                            ranks >= 1 ignore SIGTERM (like SGLang: they wait
+                            for rank 0's shutdown); after this many seconds
+                            they exit 0 anyway. Default: wait forever.
+  SANDBOX_GPU_LAYOUT, SANDBOX_GPU_REGISTRY   (read by gpusim)
+  SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=0  turns the balance check into a
+                            warning, like SGLang
+  CUDA_VISIBLE_DEVICES      physical GPU indices (or UUIDs), comma separated
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+SIMULATION_BANNER = "SIMULATED SGLang server (sandbox stand-in): no GPU, no real model weights"
+READY_LINE = "The server is fired up and ready to roll!"
+FALLBACK_VERSION = "0.5.23"
+DEFAULT_MEM_FRACTION = 0.85
+
+# sglang 0.5.23 ATTENTION_BACKEND_CHOICES, in its order (argparse prints them so)
+ATTENTION_BACKEND_CHOICES = [
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4",
+    "compressed", "fa3", "fa4", "flashinfer", "llada2_cfg_flashinfer", "flashmla",
+    "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha", "hpc_ops",
+    "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
+    "ascend", "intel_xpu",
+]
+
+# sglang 0.5.23 layers/quantization/compressed_tensors/utils.py
+# is_activation_quantization_format(): evaluated for every config group, so
+# these members are needed whatever format the model itself uses.
+SGLANG_ACTIVATION_FORMAT_MEMBERS = (
+    "naive_quantized",
+    "int_quantized",
+    "float_quantized",
+    "nvfp4_pack_quantized",
+    "pack_quantized",
+)
+
+_print_lock = threading.Lock()
+
+
+# --------------------------------------------------------------------------
+# logging, SGLang style: "[2025-01-01 12:00:00 TP0] message"
+# --------------------------------------------------------------------------
+
+
+def log(msg: str, tp: int | None = None, err: bool = False) -> None:
+    ts = time.strftime("%Y-%m-%d %H:%M:%S")
+    tag = f" TP{tp}" if tp is not None else ""
+    stream = sys.stderr if err else sys.stdout
+    with _print_lock:
+        print(f"[{ts}{tag}] {msg}", file=stream, flush=True)
+
+
+def raw(msg: str, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    with _print_lock:
+        print(msg, file=stream, flush=True)
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    try:
+        return float(value) if value.strip() else default
+    except ValueError:
+        return default
+
+
+# --------------------------------------------------------------------------
+# 1. arguments
+# --------------------------------------------------------------------------
+
+
+class Args:
+    """The settings the stand-in uses, from either parser."""
+
+    def __init__(self, source, parser_kind: str):
+        self.source = source
+        self.parser_kind = parser_kind
+        g = lambda name, default=None: getattr(source, name, default)  # noqa: E731
+        self.model_path = g("model_path")
+        self.tp_size = int(g("tp_size") or 1)
+        self.host = g("host") or "127.0.0.1"
+        self.port = int(g("port") or 30000)
+        self.api_key = g("api_key")
+        self.served_model_name = g("served_model_name") or self.model_path
+        mfs = g("mem_fraction_static")
+        self.mem_fraction_static = (
+            float(mfs) if isinstance(mfs, (int, float)) and 0 < mfs <= 1 else DEFAULT_MEM_FRACTION
+        )
+        self.mem_fraction_explicit = isinstance(mfs, (int, float))
+        self.context_length = g("context_length")
+        self.nnodes = int(g("nnodes") or 1)
+        self.node_rank = int(g("node_rank") or 0)
+        self.dist_init_addr = g("dist_init_addr")
+        self.dist_timeout = g("dist_timeout")
+        self.enable_metrics = bool(g("enable_metrics", False))
+        self.skip_server_warmup = bool(g("skip_server_warmup", False))
+        self.attention_backend = g("attention_backend")
+        self.base_gpu_id = int(g("base_gpu_id") or 0)
+        self.tool_call_parser = g("tool_call_parser")
+        self.reasoning_parser = g("reasoning_parser")
+
+    def fields(self) -> dict:
+        src = self.source
+        if hasattr(src, "__struct_fields__"):  # sglang 0.5.23: msgspec.Struct
+            names = list(src.__struct_fields__)
+        elif hasattr(src, "__dataclass_fields__"):  # older sglang: dataclass
+            names = list(src.__dataclass_fields__)
+        else:
+            names = list(vars(src))
+        out = {}
+        for name in names:
+            if name.startswith("_"):
+                continue
+            value = getattr(src, name, None)
+            if name in ("api_key", "admin_api_key") and value:
+                value = "***"
+            out[name] = value
+        return out
+
+    def masked_repr(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self.fields().items())
+        return f"ServerArgs({body})"
+
+    def json_fields(self) -> dict:
+        out = {}
+        for k, v in self.fields().items():
+            try:
+                json.dumps(v)
+                out[k] = v
+            except (TypeError, ValueError):
+                out[k] = repr(v)
+        return out
+
+
+def _merge_config(argv: list[str], store_true: set[str]) -> list[str]:
+    """SGLang's ConfigArgumentMerger: YAML keys become `--key value`, placed
+    before the command-line arguments (CLI > config > defaults)."""
+    idx = [i for i, a in enumerate(argv) if a == "--config"]
+    if not idx:
+        return argv
+    if len(idx) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    i = idx[0]
+    if i == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = Path(argv[i + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise ValueError(f"Config file not found: {path}")
+    import yaml  # like SGLang: --config needs pyyaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    cfg: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            if key.replace("-", "_") in store_true:
+                if value:
+                    cfg.append(f"--{key}")
+            else:
+                cfg.extend([f"--{key}", str(value).lower()])
+        elif isinstance(value, list):
+            if value:
+                cfg.append(f"--{key}")
+                cfg.extend(str(item) for item in value)
+        elif isinstance(value, dict):
+            cfg.extend([f"--{key}", json.dumps(value)])
+        else:
+            cfg.extend([f"--{key}", str(value)])
+    return cfg + argv[:i] + argv[i + 2 :]
+
+
+def fallback_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sglang serve")
+    p.add_argument("--model-path", "--model", type=str, required=True)
+    p.add_argument("--tokenizer-path", type=str)
+    p.add_argument("--config", type=str)
+    p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
+    p.add_argument("--attention-backend", type=str, choices=ATTENTION_BACKEND_CHOICES)
+    p.add_argument("--host", type=str, default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--served-model-name", type=str)
+    p.add_argument("--api-key", type=str)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", type=str)
+    p.add_argument("--dist-timeout", type=int)
+    p.add_argument("--base-gpu-id", type=int, default=0)
+    p.add_argument("--tool-call-parser", type=str)
+    p.add_argument("--reasoning-parser", type=str)
+    p.add_argument("--skip-server-warmup", action="store_true")
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--watchdog-timeout", type=float, default=300)
+    p.add_argument("--log-level", type=str, default="info")
+    p.add_argument("--speculative-algorithm", type=str)
+    p.add_argument("--speculative-draft-model-path", type=str)
+    p.add_argument("--speculative-num-steps", type=int)
+    p.add_argument("--speculative-eagle-topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", type=int)
+    return p
+
+
+def parse_args(argv: list[str]) -> Args:
+    mode = os.environ.get("SANDBOX_SGLANG_PARSER", "auto").strip().lower() or "auto"
+    use_real = mode == "real" or (mode == "auto" and importlib.util.find_spec("sglang") is not None)
+    if use_real:
+        # an importable but broken sglang fails here, as the real server would
+        from sglang.srt.server_args import prepare_server_args
+
+        server_args = prepare_server_args(argv)
+        return Args(server_args, "sglang")
+    parser = fallback_parser()
+    store_true = {
+        a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)
+    }
+    if "--config" in argv:
+        argv = _merge_config(argv, store_true)
+    ns = parser.parse_args(argv)
+    return Args(ns, "fallback")
+
+
+# --------------------------------------------------------------------------
+# 2. model
+# --------------------------------------------------------------------------
+
+
+def load_model_config(model_path: str) -> dict:
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        raise OSError(
+            f"Can't load the configuration of '{model_path}'. Make sure that '{model_path}' "
+            "is the correct path to a directory containing a config.json file"
+        )
+    return json.loads(path.read_text())
+
+
+def _quantization_scheme_map_from_config(quant_config: dict) -> None:
+    """What SGLang's CompressedTensorsConfig touches of the installed
+    compressed-tensors: the model's format members, and (per config group)
+    the members is_activation_quantization_format() lists. A missing member
+    raises AttributeError from the enum, uncaught, like SGLang."""
+    from compressed_tensors.config import CompressionFormat
+
+    quant_format = quant_config.get("format")
+    if quant_format:
+        getattr(CompressionFormat, quant_format.replace("-", "_"))
+    for _, group in (quant_config.get("config_groups") or {}).items():
+        group_format = (group or {}).get("format") or quant_format
+        if group_format:
+            getattr(CompressionFormat, group_format.replace("-", "_"))
+        is_activation_quantization_format(CompressionFormat, group_format)
+
+
+def is_activation_quantization_format(CompressionFormat, fmt) -> bool:  # noqa: N803
+    formats = [getattr(CompressionFormat, m).value for m in SGLANG_ACTIVATION_FORMAT_MEMBERS]
+    return fmt in formats
+
+
+def check_quantization(config: dict) -> str:
+    qc = config.get("quantization_config") or {}
+    method = qc.get("quant_method")
+    if method == "compressed-tensors":
+        _quantization_scheme_map_from_config(qc)
+    return method or ""
+
+
+# --------------------------------------------------------------------------
+# 3./4. GPUs
+# --------------------------------------------------------------------------
+
+
+def _import_gpusim():
+    try:
+        import gpusim  # /usr/local/lib/sandbox-gpu on the sandbox hosts
+    except ImportError:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import gpusim
+    return gpusim
+
+
+def select_gpus(layout: dict, args: Args) -> list[dict]:
+    """This node's GPUs: gpus_per_node of CUDA_VISIBLE_DEVICES, from base_gpu_id."""
+    gpus = layout.get("gpus") or []
+    if not gpus:
+        raise RuntimeError("No CUDA GPUs are available")
+    by_index = {g["index"]: g for g in gpus}
+    by_uuid = {g.get("uuid"): g for g in gpus}
+    visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible_env is None:
+        visible = list(gpus)
+    else:
+        visible = []
+        for item in (x.strip() for x in visible_env.split(",")):
+            if not item:
+                continue
+            if item in by_uuid:
+                visible.append(by_uuid[item])
+            elif item.lstrip("-").isdigit() and int(item) in by_index:
+                visible.append(by_index[int(item)])
+            else:
+                break  # CUDA stops at the first invalid entry
+        if not visible:
+            raise RuntimeError("No CUDA GPUs are available")
+    per_node = max(1, args.tp_size // max(1, args.nnodes))
+    wanted = visible[args.base_gpu_id : args.base_gpu_id + per_node]
+    if len(wanted) < per_node:
+        raise RuntimeError(
+            "CUDA error: invalid device ordinal "
+            f"(tp_size={args.tp_size} needs {per_node} GPUs on this node, "
+            f"{len(visible)} visible: CUDA_VISIBLE_DEVICES={visible_env!r})"
+        )
+    return wanted
+
+
+def check_memory(gpus: list[dict], used: dict[int, int], args: Args, tp_base: int) -> dict[int, int]:
+    """SGLang's TP memory-balance check and the not-enough-memory check.
+
+    Returns free MiB per GPU index."""
+    free = {g["index"]: g["memory_total_mib"] - used.get(g["index"], 0) for g in gpus}
+    if args.tp_size > 1:
+        pre_model_load_memory = min(free.values()) / 1024
+        for rank, gpu in enumerate(gpus):
+            local_gpu_memory = free[gpu["index"]] / 1024
+            if pre_model_load_memory < local_gpu_memory * 0.9:
+                msg = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+                msg += f"{pre_model_load_memory=}, {local_gpu_memory=}, {local_gpu_memory * 0.9=}"
+                if os.environ.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "1").strip().lower() in (
+                    "0", "false", "no", "off",
+                ):
+                    log(msg, tp=tp_base + rank, err=True)
+                    break
+                raise RuntimeError(msg)
+    for rank, gpu in enumerate(gpus):
+        need = args.mem_fraction_static * gpu["memory_total_mib"]
+        if need > free[gpu["index"]]:
+            raise RuntimeError(
+                "Not enough memory. Please try to increase --mem-fraction-static. "
+                f"Current value: mem_fraction_static={args.mem_fraction_static}"
+            )
+    return free
+
+
+# --------------------------------------------------------------------------
+# 5. HTTP
+# --------------------------------------------------------------------------
+
+_REPLY_WORDS = (
+    "This is a simulated answer from the sandbox SGLang stand-in; "
+    "no model ran and no GPU was used to write it."
+).split()
+
+
+class ServerState:
+    def __init__(self, args: Args, model_config: dict, version: str, full_api: bool = True):
+        self.args = args
+        self.model_config = model_config
+        self.version = version
+        self.full_api = full_api
+        self.ready = False
+        self.shutting_down = False
+        self.inflight = 0
+        self.total_requests = 0
+        self.cond = threading.Condition()
+        self.gen_delay = _env_float("SANDBOX_GEN_DELAY_S", 0.05)
+        self.startup_time = time.time()
+
+    def enter(self) -> None:
+        with self.cond:
+            self.inflight += 1
+            self.total_requests += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.inflight -= 1
+            self.cond.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.inflight == 0, timeout)
+
+
+def _count_tokens(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def _reply(max_tokens) -> tuple[list[str], str]:
+    words = list(_REPLY_WORDS)
+    if isinstance(max_tokens, int) and 0 <= max_tokens < len(words):
+        return words[:max_tokens], "length"
+    return words, "stop"
+
+
+def _chunks(words: list[str]) -> list[str]:
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    timeout = 120  # idle keep-alive connections
+    state: ServerState  # set on the subclass
+
+    # quiet default logging; uvicorn-style access lines instead
+    def log_message(self, format, *a):  # noqa: A002
+        pass
+
+    def _access(self, code: int) -> None:
+        path = self.path.split("?", 1)[0]
+        if path.startswith(("/health", "/metrics", "/get_load", "/v1/loads", "/ping")):
+            return
+        host, port = self.client_address[:2]
+        try:
+            phrase = self.responses[code][0]
+        except KeyError:
+            phrase = ""
+        raw(f'[{time.strftime("%Y-%m-%d %H:%M:%S")}] INFO:     {host}:{port} - '
+            f'"{self.command} {self.path} {self.request_version}" {code} {phrase}')
+
+    def _send(self, code: int, body=None, ctype: str = "application/json") -> None:
+        if body is None:
+            data = b""
+        elif isinstance(body, (bytes, bytearray)):
+            data = bytes(body)
+        elif isinstance(body, str):
+            data = body.encode()
+        else:
+            data = json.dumps(body).encode()
+        self.send_response(code)
+        if data or ctype == "application/json" and body is not None:
+            self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        if self.state.shutting_down:
+            self.send_header("connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD" and data:
+            self.wfile.write(data)
+        self._access(code)
+
+    def _error(self, code: int, message: str, typ: str = "BadRequestError") -> None:
+        self._send(code, {"object": "error", "message": message, "type": typ, "param": None, "code": code})
+
+    def _authorized(self, path: str) -> bool:
+        key = self.state.args.api_key
+        if not key or self.command == "OPTIONS":
+            return True
+        if path.startswith(("/health", "/ready", "/metrics")):
+            return True
+        header = self.headers.get("Authorization") or ""
+        parts = header.split(" ", 1)
+        return len(parts) == 2 and parts[0].lower() == "bearer" and parts[1] == key
+
+    def _json_body(self):
+        length = int(self.headers.get("content-length") or 0)
+        data = self.rfile.read(length) if length else b""
+        if not data:
+            return {}
+        return json.loads(data)
+
+    # -- dispatch --------------------------------------------------------
+
+    def do_GET(self):  # noqa: N802
+        self._dispatch()
+
+    def do_POST(self):  # noqa: N802
+        self._dispatch()
+
+    def do_HEAD(self):  # noqa: N802
+        self._dispatch()
+
+    def _dispatch(self):
+        path = self.path.split("?", 1)[0]
+        st = self.state
+        try:
+            if not st.full_api:  # ranks >= 1: SGLang's dummy health check server
+                if path in ("/health", "/health_generate", "/ping") and self.command in ("GET", "HEAD"):
+                    return self._send(200)
+                return self._send(404, {"detail": "Not Found"})
+            if not self._authorized(path):
+                return self._send(401, {"error": "Unauthorized"})
+            route = ROUTES.get((self.command if self.command != "HEAD" else "GET", path))
+            if route is None:
+                if any(p == path for (_, p) in ROUTES):
+                    return self._send(405, {"detail": "Method Not Allowed"})
+                return self._send(404, {"detail": "Not Found"})
+            return route(self)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except json.JSONDecodeError as e:
+            self._error(400, f"Invalid JSON: {e}")
+
+    # -- endpoints -------------------------------------------------------
+
+    def health(self):
+        st = self.state
+        if st.shutting_down:
+            log("Health check request received during shutdown. Returning 503.")
+            return self._send(503)
+        return self._send(200 if st.ready else 503)
+
+    def ready_ep(self):
+        st = self.state
+        return self._send(200 if st.ready and not st.shutting_down else 503)
+
+    def models(self):
+        a = self.state.args
+        card = {
+            "id": a.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": a.served_model_name,
+            "parent": None,
+            "max_model_len": self._context_len(),
+        }
+        return self._send(200, {"object": "list", "data": [card]})
+
+    def _context_len(self) -> int:
+        a, cfg = self.state.args, self.state.model_config
+        return int(a.context_length or cfg.get("max_position_embeddings") or 4096)
+
+    def server_info(self):
+        st = self.state
+        info = dict(st.args.json_fields())
+        info.update(
+            {
+                "startup_time": st.startup_time,
+                "internal_states": [self._load(dp=True)],
+                "version": st.version,
+                "frontend": "python",
+                "simulated": True,
+            }
+        )
+        return self._send(200, info)
+
+    def get_server_info(self):
+        log("Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead.", err=True)
+        return self.server_info()
+
+    def model_info(self):
+        a, cfg = self.state.args, self.state.model_config
+        return self._send(
+            200,
+            {
+                "model_path": a.model_path,
+                "served_model_name": a.served_model_name,
+                "tokenizer_path": a.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": "auto",
+                "reasoning_parser": a.reasoning_parser,
+                "tool_call_parser": a.tool_call_parser,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": cfg.get("model_type"),
+                "architectures": cfg.get("architectures"),
+            },
+        )
+
+    def get_model_info(self):
+        log("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+            "Please use '/model_info' instead.", err=True)
+        return self.model_info()
+
+    def _load(self, dp: bool = False) -> dict:
+        st = self.state
+        n = st.inflight
+        load = {
+            "dp_rank": 0,
+            "timestamp": time.time(),
+            "num_reqs": n,
+            "num_running_reqs": n,
+            "num_waiting_reqs": 0,
+            "num_tokens": n * 64,
+            "num_used_tokens": n * 64,
+            "max_running_requests": 1024,
+        }
+        return load
+
+    def get_load(self):
+        return self._send(200, [self._load()])
+
+    def v1_loads(self):
+        st = self.state
+        return self._send(
+            200,
+            {
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                "version": st.version,
+                "accelerator": "SIMULATED",
+                "num_accelerators": st.args.tp_size,
+                "loads": [self._load()],
+            },
+        )
+
+    def version(self):
+        return self._send(200, {"version": self.state.version})
+
+    def metrics(self):
+        st = self.state
+        if not st.args.enable_metrics:
+            return self._send(404, {"detail": "Not Found"})
+        name = st.args.served_model_name
+        lines = [
+            "# HELP sglang:num_running_reqs The number of running requests.",
+            "# TYPE sglang:num_running_reqs gauge",
+            f'sglang:num_running_reqs{{model_name="{name}"}} {float(st.inflight)}',
+            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+            "# TYPE sglang:num_queue_reqs gauge",
+            f'sglang:num_queue_reqs{{model_name="{name}"}} 0.0',
+            "# HELP sglang:num_requests_total Number of requests.",
+            "# TYPE sglang:num_requests_total counter",
+            f'sglang:num_requests_total{{model_name="{name}"}} {float(st.total_requests)}',
+        ]
+        return self._send(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4; charset=utf-8")
+
+    # -- generation ------------------------------------------------------
+
+    def _gen_guard(self) -> bool:
+        st = self.state
+        if st.shutting_down:
+            self._error(503, "The server is shutting down.", "ServiceUnavailableError")
+            return False
+        if not st.ready:
+            # SGLang queues requests until the scheduler is up; the stand-in
+            # waits for "ready" the same way (bounded by the load time).
+            deadline = time.time() + _env_float("SANDBOX_LOAD_SECONDS", 3.0) + 30
+            while not st.ready and time.time() < deadline and not st.shutting_down:
+                time.sleep(0.05)
+            if not st.ready:
+                self._error(503, "The server is not ready.", "ServiceUnavailableError")
+                return False
+        return True
+
+    def generate(self):
+        body = self._json_body()
+        if not self._gen_guard():
+            return
+        st = self.state
+        st.enter()
+        try:
+            t0 = time.time()
+            time.sleep(st.gen_delay)
+            text = body.get("text") or ""
+            if isinstance(text, list):
+                text = " ".join(map(str, text))
+            sp = body.get("sampling_params") or {}
+            words, finish = _reply(sp.get("max_new_tokens", 128))
+            out = " ".join(words)
+            finish_reason = (
+                {"type": "length", "length": len(words)} if finish == "length" else {"type": "stop", "matched": None}
+            )
+            return self._send(
+                200,
+                {
+                    "text": out,
+                    "meta_info": {
+                        "id": uuid.uuid4().hex,
+                        "finish_reason": finish_reason,
+                        "prompt_tokens": _count_tokens(str(text)),
+                        "completion_tokens": len(words),
+                        "cached_tokens": 0,
+                        "weight_version": "default",
+                        "e2e_latency": round(time.time() - t0, 6),
+                    },
+                },
+            )
+        finally:
+            st.leave()
+
+    def _stream_start(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        if self.state.shutting_down:
+            self.send_header("connection", "close")
+            self.close_connection = True
+        self.end_headers()
+
+    def _stream_event(self, payload) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        chunk = f"data: {data}\n\n".encode()
+        self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        self.wfile.flush()
+
+    def _stream_end(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        self._access(200)
+
+    def _openai(self, chat: bool):
+        body = self._json_body()
+        if not self._gen_guard():
+            return
+        st = self.state
+        a = st.args
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return self._error(400, "messages: field required")
+            prompt = " ".join(
+                m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+                for m in messages
+                if isinstance(m, dict)
+            )
+        else:
+            prompt = body.get("prompt")
+            if prompt is None:
+                return self._error(400, "prompt: field required")
+            prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        words, finish = _reply(max_tokens)
+        rid = uuid.uuid4().hex
+        created = int(time.time())
+        model = body.get("model") or a.served_model_name
+        usage = {
+            "prompt_tokens": _count_tokens(prompt),
+            "completion_tokens": len(words),
+            "total_tokens": _count_tokens(prompt) + len(words),
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+        }
+        st.enter()
+        try:
+            if body.get("stream"):
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                self._stream_start()
+                pieces = _chunks(words)
+                delay = st.gen_delay / max(1, len(pieces))
+                if chat:
+                    self._stream_event(
+                        {"id": rid, "object": obj, "created": created, "model": model,
+                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]}
+                    )
+                for piece in pieces:
+                    time.sleep(delay)
+                    choice = (
+                        {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}
+                        if chat
+                        else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+                    )
+                    self._stream_event({"id": rid, "object": obj, "created": created, "model": model,
+                                        "choices": [choice]})
+                last = (
+                    {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+                    if chat
+                    else {"index": 0, "text": "", "logprobs": None, "finish_reason": finish, "matched_stop": None}
+                )
+                final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [last]}
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    final["usage"] = usage
+                self._stream_event(final)
+                self._stream_event("[DONE]")
+                self._stream_end()
+                return
+            time.sleep(st.gen_delay)
+            text = "".join(_chunks(words))
+            if chat:
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                "tool_calls": None},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "matched_stop": None,
+                }
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                          "matched_stop": None}
+                obj = "text_completion"
+            return self._send(
+                200,
+                {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+                 "usage": usage, "metadata": {"weight_version": "default"}},
+            )
+        finally:
+            st.leave()
+
+    def chat_completions(self):
+        return self._openai(chat=True)
+
+    def completions(self):
+        return self._openai(chat=False)
+
+
+ROUTES = {
+    ("GET", "/health"): Handler.health,
+    ("GET", "/health_generate"): Handler.health,
+    ("GET", "/ready"): Handler.ready_ep,
+    ("GET", "/v1/models"): Handler.models,
+    ("GET", "/server_info"): Handler.server_info,
+    ("GET", "/get_server_info"): Handler.get_server_info,
+    ("GET", "/model_info"): Handler.model_info,
+    ("GET", "/get_model_info"): Handler.get_model_info,
+    ("GET", "/get_load"): Handler.get_load,
+    ("GET", "/v1/loads"): Handler.v1_loads,
+    ("GET", "/version"): Handler.version,
+    ("GET", "/metrics"): Handler.metrics,
+    ("POST", "/generate"): Handler.generate,
+    ("POST", "/v1/chat/completions"): Handler.chat_completions,
+    ("POST", "/v1/completions"): Handler.completions,
+}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def start_http(host: str, port: int, state: ServerState) -> _Server:
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    _Server.address_family = family
+    try:
+        server = _Server((host, port), handler)
+    except OSError as e:
+        raw(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address "
+            f"({host!r}, {port}): {e.strerror.lower() if e.strerror else e}", err=True)
+        raise RuntimeError(f"Port is already in use. host={host!r} port={port}") from e
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                              name="http", daemon=True)
+    thread.start()
+    return server
+
+
+# --------------------------------------------------------------------------
+# 6. multi-node rendezvous
+# --------------------------------------------------------------------------
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    if not addr or ":" not in addr:
+        raise ValueError(f"--dist-init-addr must be host:port, got {addr!r}")
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Rendezvous:
+    """Rank 0 listens at --dist-init-addr; ranks 1..N-1 connect and say
+    `hello K`. Rank 0 answers `start` to all once every rank joined, and
+    `shutdown` when it stops gracefully. A connection that drops ends the
+    group: rank 0 exits 1 ("rank K disconnected"), the others exit 1 when
+    rank 0 goes away."""
+
+    def __init__(self, args: Args, stop: threading.Event):
+        self.args = args
+        self.stop = stop
+        self.host, self.port = _split_addr(args.dist_init_addr)
+        self.conns: dict[int, socket.socket] = {}
+        self.lock = threading.Lock()
+        self.closing = False
+        self.sock: socket.socket | None = None
+        self.shutdown_received = threading.Event()
+
+    # rank 0 --------------------------------------------------------------
+
+    def serve(self, timeout: float) -> None:
+        n = self.args.nnodes
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        srv = socket.socket(family, socket.SOCK_STREAM)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            srv.bind((self.host, self.port))
+        except OSError as e:
+            srv.close()
+            raise RuntimeError(
+                f"Port is already in use. dist_init_addr={self.args.dist_init_addr!r} ({e})"
+            ) from e
+        srv.listen(n + 4)
+        srv.settimeout(0.2)
+        log(f"Waiting for {n - 1} other node(s) at {self.args.dist_init_addr} (nnodes={n})")
+        deadline = time.time() + timeout
+        try:
+            while len(self.conns) < n - 1:
+                if self.stop.is_set():
+                    return
+                if time.time() > deadline:
+                    missing = sorted(set(range(1, n)) - set(self.conns))
+                    raise RuntimeError(
+                        f"Timed out after {timeout:.0f} s waiting for node ranks {missing} "
+                        f"to join at {self.args.dist_init_addr}"
+                    )
+                try:
+                    conn, peer = srv.accept()
+                except socket.timeout:
+                    continue
+                conn.settimeout(10)
+                try:
+                    line = _readline(conn)
+                except OSError:
+                    conn.close()
+                    continue
+                parts = line.split()
+                if len(parts) < 2 or parts[0] != "hello" or not parts[1].isdigit():
+                    conn.close()
+                    continue
+                rank = int(parts[1])
+                if not 1 <= rank < n or rank in self.conns:
+                    why = "already joined" if rank in self.conns else f"not in 1..{n - 1}"
+                    log(f"Rejected a connection from {peer[0]} claiming rank {rank}: {why}", err=True)
+                    _send_line(conn, f"reject rank {rank} {why}")
+                    conn.close()
+                    continue
+                conn.settimeout(None)
+                self.conns[rank] = conn
+                log(f"Node rank {rank} joined from {peer[0]} ({len(self.conns) + 1}/{n} nodes)")
+        finally:
+            srv.close()
+        for rank, conn in sorted(self.conns.items()):
+            _send_line(conn, "start")
+            threading.Thread(target=self._watch_rank, args=(rank, conn), daemon=True,
+                             name=f"rank{rank}").start()
+        log(f"All {n} nodes joined.")
+
+    def _watch_rank(self, rank: int, conn: socket.socket) -> None:
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        with self.lock:
+            if self.closing:
+                return
+        log(f"rank {rank} disconnected", err=True)
+        raw(f"RuntimeError: rank {rank} disconnected", err=True)
+        _hard_exit(1)
+
+    def broadcast_shutdown(self) -> None:
+        with self.lock:
+            self.closing = True
+        for conn in self.conns.values():
+            try:
+                _send_line(conn, "shutdown")
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+    # ranks >= 1 ----------------------------------------------------------
+
+    def join(self, timeout: float) -> None:
+        rank = self.args.node_rank
+        deadline = time.time() + timeout
+        last_err = None
+        log(f"Connecting to node rank 0 at {self.args.dist_init_addr} as node rank {rank}")
+        while True:
+            if self.stop.is_set():
+                return
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=5)
+                break
+            except OSError as e:
+                last_err = e
+                if time.time() > deadline:
+                    raise RuntimeError(
+                        f"Timed out after {timeout:.0f} s connecting to node rank 0 at "
+                        f"{self.args.dist_init_addr}: {last_err}"
+                    ) from e
+                time.sleep(0.5)
+        _send_line(sock, f"hello {rank}")
+        sock.settimeout(None)
+        self.sock = sock
+        line = _readline(sock)
+        if line != "start":
+            if line.startswith("reject"):
+                raise RuntimeError(f"Node rank 0 rejected this node: {line}")
+            raise RuntimeError(f"Node rank 0 at {self.args.dist_init_addr} went away before all nodes joined")
+        log(f"All {self.args.nnodes} nodes joined.")
+        threading.Thread(target=self._watch_rank0, daemon=True, name="rank0").start()
+
+    def _watch_rank0(self) -> None:
+        buf = b""
+        try:
+            while True:
+                data = self.sock.recv(4096)
+                if not data:
+                    break
+                buf += data
+                if b"shutdown" in buf:
+                    self.shutdown_received.set()
+                    log("Shutdown request received from node rank 0.")
+                    self.stop.set()
+                    return
+        except OSError:
+            pass
+        log(f"Node rank 0 at {self.args.dist_init_addr} went away: connection lost. Exiting.", err=True)
+        raw(f"RuntimeError: connection to node rank 0 ({self.args.dist_init_addr}) lost", err=True)
+        _hard_exit(1)
+
+
+def _send_line(sock: socket.socket, line: str) -> None:
+    sock.sendall((line + "\n").encode())
+
+
+def _readline(sock: socket.socket, limit: int = 1024) -> str:
+    buf = b""
+    while not buf.endswith(b"\n") and len(buf) < limit:
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip()
+
+
+_CLEANUP: list = []
+
+
+def _hard_exit(code: int) -> None:
+    for fn in _CLEANUP:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+
+
+def _sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001
+        return FALLBACK_VERSION
+
+
+def _wait(stop: threading.Event, seconds: float) -> bool:
+    """Sleep unless stopped; True when stopped."""
+    return stop.wait(max(0.0, seconds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    log(SIMULATION_BANNER)
+    args = parse_args(argv)
+    if args.parser_kind != "sglang":
+        why = (
+            "SANDBOX_SGLANG_PARSER=fallback"
+            if os.environ.get("SANDBOX_SGLANG_PARSER", "").strip().lower() == "fallback"
+            else "sglang is not importable in this python"
+        )
+        log(f"{why}: arguments parsed by the stand-in's fallback parser, not SGLang's real one "
+            "(the real parser was not available)")
+    log(f"server_args={args.masked_repr()}")
+
+    load_seconds = _env_float("SANDBOX_LOAD_SECONDS", 3.0)
+    nnodes = max(1, args.nnodes)
+    node_rank = args.node_rank
+    if nnodes > 1 and not args.dist_init_addr:
+        raise ValueError("--dist-init-addr is required when --nnodes > 1")
+    per_node = max(1, args.tp_size // nnodes)
+    tp_base = node_rank * per_node
+
+    # 2. the model and its quantization (imports the venv's compressed-tensors)
+    model_config = load_model_config(args.model_path)
+    quant = check_quantization(model_config)
+    arch = (model_config.get("architectures") or ["?"])[0]
+
+    # 3. GPUs
+    gpusim = _import_gpusim()
+    layout = gpusim.load_layout()
+    gpus = select_gpus(layout, args)
+    used = gpusim.used_mib_by_gpu(layout)
+    gpu_ids = ",".join(str(g["index"]) for g in gpus)
+    log(f"Init torch distributed begin. (simulated GPUs {gpu_ids}, tp_size={args.tp_size}, "
+        f"nnodes={nnodes}, node_rank={node_rank})", tp=tp_base)
+    free = check_memory(gpus, used, args, tp_base)
+
+    # 4. hold GPU memory while this process lives
+    hold = {g["index"]: int(args.mem_fraction_static * g["memory_total_mib"]) for g in gpus}
+    gpusim.register(os.getpid(), hold, name="python3")
+    _CLEANUP.append(lambda: gpusim.unregister(os.getpid()))
+
+    try:
+        return _run(args, stop, model_config, quant, arch, gpus, free, hold, tp_base, load_seconds)
+    finally:
+        for fn in _CLEANUP:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _run(args, stop, model_config, quant, arch, gpus, free, hold, tp_base, load_seconds) -> int:
+    nnodes = max(1, args.nnodes)
+    node_rank = args.node_rank
+    version = _sglang_version()
+    state = ServerState(args, model_config, version, full_api=(node_rank == 0))
+    server = None
+
+    # 5. the HTTP server answers 503 on /health while loading (rank 0)
+    if node_rank == 0:
+        server = start_http(args.host, args.port, state)
+        raw(f"INFO:     Started server process [{os.getpid()}]")
+        raw("INFO:     Waiting for application startup.")
+        raw("INFO:     Application startup complete.")
+        raw(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+
+    # 6. multi-node rendezvous
+    rdv = None
+    if nnodes > 1:
+        rdv = Rendezvous(args, stop)
+        if node_rank == 0:
+            wait = float(args.dist_timeout) if args.dist_timeout else _env_float("SANDBOX_DIST_WAIT_S", 600.0)
+            rdv.serve(wait)
+        else:
+            rdv.join(float(args.dist_timeout) if args.dist_timeout else 60.0)
+    if stop.is_set():
+        return _shutdown(state, server, rdv, node_rank)
+    log("Init torch distributed ends. elapsed=0.01 s, mem usage=0.00 GB", tp=tp_base)
+
+    # simulated load, CUDA graphs, warmup
+    gb = lambda mib: mib / 1024  # noqa: E731
+    g0 = gpus[0]
+    avail0 = gb(free[g0["index"]])
+    held0 = gb(hold[g0["index"]])
+    weights = held0 * 0.6
+    log(f"Load weight begin. avail mem={avail0:.2f} GB", tp=tp_base)
+    if _wait(stop, load_seconds * 0.6):
+        return _shutdown(state, server, rdv, node_rank)
+    quant_str = f"quant={quant}, " if quant else ""
+    log(f"Load weight end. elapsed={load_seconds * 0.6:.2f} s, type={arch}, {quant_str}"
+        f"avail mem={avail0 - weights:.2f} GB, mem usage={weights:.2f} GB.", tp=tp_base)
+    kv = held0 - weights
+    tokens = int(kv * 1024 * 4)
+    log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv:.2f} GB", tp=tp_base)
+    log(f"Memory pool end. avail mem={avail0 - held0:.2f} GB", tp=tp_base)
+    log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail0 - held0:.2f} GB",
+        tp=tp_base)
+    if _wait(stop, load_seconds * 0.3):
+        return _shutdown(state, server, rdv, node_rank)
+    log(f"Capture cuda graph end. Time elapsed: {load_seconds * 0.3:.2f} s. mem usage=0.00 GB. "
+        f"avail mem={avail0 - held0:.2f} GB.", tp=tp_base)
+    ctx = int(args.context_length or model_config.get("max_position_embeddings") or 4096)
+    log(f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        f"max_running_requests=1024, context_len={ctx}, available_gpu_mem={avail0 - held0:.2f} GB", tp=tp_base)
+
+    if node_rank != 0:
+        # SGLang 0.5.23: ranks >= 1 run a dummy health check server on host:port
+        server = start_http(args.host, args.port, state)
+        state.ready = True
+        log(f"Node rank {node_rank} is up; serving only the health check on "
+            f"http://{args.host}:{args.port} (ranks >= 1 run no tokenizer or API server)")
+        signal.signal(signal.SIGTERM, lambda *_: _nonzero_sigterm(node_rank))
+        while not rdv.shutdown_received.is_set():
+            if rdv.shutdown_received.wait(0.5):
+                break
+            if _NONZERO_DEADLINE[0] is not None and time.time() > _NONZERO_DEADLINE[0]:
+                log("SANDBOX_NONZERO_SIGTERM_WAIT_S passed without a shutdown from node rank 0; exiting.")
+                break
+        server.shutdown()
+        server.server_close()
+        log("Exiting.")
+        return 0
+
+    # rank 0: warmup, then ready
+    if _wait(stop, load_seconds * 0.1):
+        return _shutdown(state, server, rdv, node_rank)
+    if not args.skip_server_warmup:
+        log("Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
+            "#running-req: 0, #queue-req: 0", tp=tp_base)
+        raw(f'[{time.strftime("%Y-%m-%d %H:%M:%S")}] INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
+    state.ready = True
+    log(READY_LINE)
+
+    stop.wait()
+    return _shutdown(state, server, rdv, node_rank)
+
+
+_NONZERO_DEADLINE: list = [None]
+
+
+def _nonzero_sigterm(node_rank: int) -> None:
+    log(f"SIGTERM received on node_rank {node_rank}; waiting for the rank-0 ShutdownReq "
+        "broadcast to stop the schedulers.", err=True)
+    wait = os.environ.get("SANDBOX_NONZERO_SIGTERM_WAIT_S", "").strip()
+    if wait:
+        try:
+            _NONZERO_DEADLINE[0] = time.time() + float(wait)
+        except ValueError:
+            pass
+
+
+def _shutdown(state: ServerState, server, rdv, node_rank: int) -> int:
+    """SIGTERM: health says 503, no new connections, in-flight requests finish."""
+    state.shutting_down = True
+    log("Received SIGTERM: gracefully shutting down; waiting for in-flight requests "
+        f"({state.inflight}) to finish.")
+    if server is not None:
+        server.shutdown()  # stop accepting
+    state.wait_idle(timeout=None)
+    if server is not None:
+        server.server_close()
+    if rdv is not None and node_rank == 0:
+        rdv.broadcast_shutdown()
+    log("Graceful shutdown complete. Exiting.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

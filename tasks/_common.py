@@ -1,0 +1,182 @@
+"""Pieces every step shares: plan lines, failing with a reason, streaming a
+remote command's output to the operator, and files written atomically with
+secrets masked in diffs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from collections.abc import Iterable
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteString, StringCommand
+from pyinfra.api import operation
+from pyinfra.context import state
+
+MASK = "********"
+
+GB = 1000**3
+
+
+def gb(nbytes: int | float) -> str:
+    """Bytes as GB with two decimals (decimal GB, like disk vendors and the Hub)."""
+    return f"{nbytes / GB:.2f} GB"
+
+
+def preparing() -> bool:
+    """True while pyinfra prepares (plans); False while it executes."""
+    return not state.is_executing
+
+
+def plan(message: str) -> None:
+    """A plan line for the operator, printed once, while pyinfra prepares."""
+    if preparing():
+        host.log(f"plan: {message}", logger.warning)
+
+
+def report(message: str) -> None:
+    """A line for the operator while pyinfra executes (plan() covers preparing)."""
+    if not preparing():
+        host.log(message, logger.warning)
+
+
+def _fail(state, host, message: str) -> bool:
+    for line in message.splitlines():
+        host.log_styled(line, fg="red", log_func=logger.error)
+    return False
+
+
+def fail_command(message: str) -> FunctionCommand:
+    """A command that fails the operation with ``message``, on the controller.
+
+    Yielded (not raised) so the dry run shows the operation as a change that
+    will fail, and execution stops the host here with the reason.
+    """
+    return FunctionCommand(_fail, (message,), {})
+
+
+def _say(state, host, message: str) -> bool:
+    for line in message.splitlines():
+        host.log_styled(line, fg="yellow", log_func=logger.warning)
+    return True
+
+
+def say_command(message: str) -> FunctionCommand:
+    """A command that prints a warning/notice line when it executes."""
+    return FunctionCommand(_say, (message,), {})
+
+
+def _stream(state, host, command: str, timeout: int | None) -> bool:
+    ok, _output = host.run_shell_command(
+        StringCommand(command),
+        print_output=True,
+        print_input=False,
+        timeout=timeout,
+    )
+    return ok
+
+
+def streamed_command(command: str | StringCommand, timeout: int | None = None) -> FunctionCommand:
+    """Run ``command`` on the host, printing its output lines as they come.
+
+    pyinfra shows a command's output only with -v; progress, warnings and the
+    journal lines of a failure must reach the operator at any verbosity.
+    """
+    return FunctionCommand(_stream, (str(command) if isinstance(command, str) else command.get_raw_value(), timeout), {})
+
+
+def mask(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, MASK)
+    return text
+
+
+class FileDigest(FactBase[dict | None]):
+    """
+    sha256, octal mode and owner of a file, or None when it does not exist.
+
+    .. code:: python
+
+        host.get_fact(FileDigest, path="/etc/sglang/sglang.env")
+        # {"sha256": "...", "mode": "600", "owner": "root"}
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "set --",
+            QuoteString(path),
+            '; if [ -f "$1" ]; then stat -c "%a %U" "$1" && sha256sum "$1" | cut -d" " -f1;'
+            " else echo absent; fi",
+        )
+
+    def process(self, output) -> dict | None:
+        lines = [line.strip() for line in output if line.strip()]
+        if not lines or lines[0] == "absent":
+            return None
+        mode, owner = lines[0].split()
+        return {"mode": mode, "owner": owner, "sha256": lines[1]}
+
+
+class FileText(FactBase[str | None]):
+    """
+    A text file's content (for diffs), or None when it does not exist.
+
+    .. code:: python
+
+        host.get_fact(FileText, path="/etc/systemd/system/sglang.service")
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("set --", QuoteString(path), '; [ -f "$1" ] && cat "$1" || true')
+
+    def process(self, output) -> str | None:
+        return "\n".join(output) + "\n" if output else None
+
+
+def print_diff(path: str, old: str | None, new: str, secrets: Iterable[str] = ()) -> None:
+    """Unified diff of a managed file, secrets masked, during prepare with --diff."""
+    if not preparing() or not state.config.DIFF:
+        return
+    secrets = list(secrets)
+    old_lines = mask(old or "", secrets).splitlines(keepends=True)
+    new_lines = mask(new, secrets).splitlines(keepends=True)
+    host.log(f"{'Will modify' if old is not None else 'Will create'} {path}", logger.info)
+    for line in difflib.unified_diff(old_lines, new_lines, fromfile=path, tofile=path + " (new)"):
+        logger.info("    %s", line.rstrip("\n"))
+
+
+@operation()
+def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] | None = None):
+    """
+    Write a file atomically (temp file of the final mode, then rename), so a
+    dropped connection never leaves a half-written unit and a secret file is
+    never readable by others, not even for a moment.
+
+    + dest: absolute path on the host
+    + content: the file's text
+    + mode: octal mode, e.g. "600" for files holding secrets
+    + secrets: values masked as ******** in the --diff output
+
+    .. code:: python
+
+        managed_file(dest="/etc/sglang/sglang.yaml", content=text, mode="600", secrets=[key])
+    """
+    digest = host.get_fact(FileDigest, path=dest)
+    wanted = hashlib.sha256(content.encode()).hexdigest()
+    if digest and digest["sha256"] == wanted and digest["mode"] == mode and digest["owner"] == "root":
+        host.noop(f"{dest} is up to date")
+        return
+    if digest is None or digest["sha256"] != wanted:
+        old = host.get_fact(FileText, path=dest) if digest else None
+        print_diff(dest, old, content, secrets or [])
+        tmp = dest + ".sgc-new"
+        parent = dest.rsplit("/", 1)[0] or "/"
+        yield StringCommand("install -d -m 755", QuoteString(parent))
+        yield StringCommand("install -m", mode, "-o root -g root /dev/null", QuoteString(tmp))
+        yield FileUploadCommand(StringIO(content), tmp)
+        yield StringCommand("mv -f", QuoteString(tmp), QuoteString(dest))
+    else:
+        yield StringCommand("chown root:root", QuoteString(dest), "&& chmod", mode, QuoteString(dest))

@@ -1,0 +1,303 @@
+"""Model: the pinned revision's weights in the model dir, checked and verified.
+
+Fact: ``FreeBytes`` - free bytes on the filesystem that holds a path, measured
+at the nearest existing parent, so it works before the model dir exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from io import StringIO
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+
+@dataclass(frozen=True)
+class DiskSpace:
+    path: str  # the nearest existing parent that was measured
+    mount: str
+    free_bytes: int
+    total_bytes: int
+
+
+class FreeBytes(FactBase[DiskSpace | None]):
+    """
+    Free bytes where ``path`` is, or would be created.
+
+    .. code:: python
+
+        space = host.get_fact(FreeBytes, path="/srv/models/kimi-k2.6")
+        space.free_bytes
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "set --",
+            QuoteString(path),
+            '; p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+            'echo "path: $p"; df -P -B1 "$p" | tail -n 1',
+        )
+
+    def process(self, output) -> DiskSpace | None:
+        path = None
+        for line in output:
+            if line.startswith("path: "):
+                path = line[6:]
+            elif path is not None and line.strip():
+                # Filesystem 1-blocks Used Available Capacity Mounted-on
+                fields = line.split()
+                return DiskSpace(
+                    path=path,
+                    mount=fields[5],
+                    free_bytes=int(fields[3]),
+                    total_bytes=int(fields[1]),
+                )
+        return None
+
+
+# --- the model dir as the deploy last left it ---------------------------------
+
+import json  # noqa: E402
+import time  # noqa: E402
+from functools import lru_cache  # noqa: E402
+from shlex import quote as _shell_quote  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from pyinfra import host, logger  # noqa: E402
+from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation  # noqa: E402
+
+from tasks._common import fail_command, gb, plan  # noqa: E402
+
+MARKER = ".sglang-converge.json"
+FETCH_UNIT = "sglang-model-fetch.service"
+REMOTE_DIR = "/usr/local/lib/sglang-converge"
+FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
+TOKEN_FILE = "/etc/sglang/hf-token"
+LOCAL_FETCH_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "fetch_model.py"
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    marker: dict | None  # what the last verified download recorded
+    files: dict[str, int]  # relative path -> size, outside .cache/
+    partial_bytes: int  # bytes in huggingface_hub's *.incomplete files
+
+
+class ModelDirState(FactBase[ModelDir]):
+    """
+    The files in a model dir, its marker, and partial downloads.
+
+    .. code:: python
+
+        state = host.get_fact(ModelDirState, path="/srv/models/kimi-k2.6")
+        state.marker["revision"] if state.marker else None
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "set --",
+            QuoteString(path),
+            '; [ -d "$1" ] || exit 0; cd "$1" || exit 1; '
+            f'[ -f {MARKER} ] && printf "marker: %s\\n" "$(tr -d "\\n" < {MARKER})"; '
+            "find . -path ./.cache -prune -o -type f ! -name '.sglang-converge.json*' -printf 'file: %s %P\\n'; "
+            "find ./.cache -type f -name '*.incomplete' -printf 'partial: %s %P\\n' 2>/dev/null; true",
+        )
+
+    def process(self, output) -> ModelDir:
+        marker, files, partial = None, {}, 0
+        for line in output:
+            if line.startswith("marker: "):
+                try:
+                    marker = json.loads(line[8:])
+                except ValueError:
+                    marker = None
+            elif line.startswith("file: "):
+                size, name = line[6:].split(" ", 1)
+                files[name] = int(size)
+            elif line.startswith("partial: "):
+                partial += int(line[9:].split(" ", 1)[0])
+        return ModelDir(marker=marker, files=files, partial_bytes=partial)
+
+
+@lru_cache(maxsize=None)
+def hub_files(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, int]:
+    """File sizes of one pinned revision, from the Hub API (asked once per run)."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, files_metadata=True)
+    return {sibling.rfilename: int(sibling.size or 0) for sibling in info.siblings}
+
+
+def model_complete(state: ModelDir, repo: str, revision: str) -> bool:
+    """The marker names this revision and every file it lists is on disk at its size."""
+    marker = state.marker
+    if not marker or marker.get("repo") != repo or marker.get("revision") != revision:
+        return False
+    return all(state.files.get(name) == size for name, size in marker.get("files", {}).items())
+
+
+def bytes_to_fetch(expected: dict[str, int], state: ModelDir) -> int:
+    return sum(size for name, size in expected.items() if state.files.get(name) != size)
+
+
+def _fetch(state, host, fetch_argv: str, local_dir: str, need: int, token_file: str | None) -> bool:
+    """Start (or attach to) the download unit, print progress until it ends."""
+    def run(command: str):
+        return host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
+
+    unit = FETCH_UNIT
+    _ok, out = run(f"systemctl show {unit} --property=ActiveState --value")
+    if out.stdout.strip() in ("active", "activating"):
+        host.log(f"model: attaching to the download already running ({unit})", logger.warning)
+    else:
+        run(f"systemctl reset-failed {unit} 2>/dev/null; true")
+        ok, out = run(
+            f"systemd-run --unit={unit} --collect --quiet --property=Type=exec "
+            f"--description='sglang-converge model download' {fetch_argv}"
+        )
+        if not ok:
+            host.log_styled(f"model: could not start the download unit: {out.stderr}", fg="red", log_func=logger.error)
+            return False
+        host.log(f"model: downloading in {unit} (survives a dropped ssh session; a re-run attaches to it)",
+                 logger.warning)
+    size_cmd = f"du -sb --apparent-size {_shell_quote(local_dir)} 2>/dev/null | cut -f1"
+    _ok, out = run(size_cmd)
+    base = int(out.stdout.strip() or 0)
+    started = last = time.monotonic()
+    last_bytes = base
+    while True:
+        time.sleep(1.0)
+        _ok, out = run(f"systemctl show {unit} --property=ActiveState,Result,ExecMainStatus")
+        props = dict(line.split("=", 1) for line in out.stdout_lines if "=" in line)
+        _ok, size_out = run(size_cmd)
+        now_bytes = int(size_out.stdout.strip() or 0)
+        now = time.monotonic()
+        if now - last >= 2.0 or props.get("ActiveState") not in ("active", "activating"):
+            done = max(0, now_bytes - base)
+            rate = (now_bytes - last_bytes) / max(now - last, 1e-6)
+            percent = 100.0 * min(done, need) / need if need else 100.0
+            host.log(f"model: {percent:5.1f}% {gb(min(done, need))} of {gb(need)}, {rate / 1e6:.1f} MB/s", logger.warning)
+            last, last_bytes = now, now_bytes
+        if props.get("ActiveState") not in ("active", "activating"):
+            break
+    _ok, journal = run(f"journalctl -u {unit} -o cat --no-pager -n 20 _SYSTEMD_UNIT={unit}")
+    if token_file:
+        run(f"rm -f {token_file}")
+    status = props.get("ExecMainStatus", "")
+    if props.get("Result") == "success" and status in ("0", ""):
+        for line in journal.stdout_lines[-2:]:
+            host.log(f"model: {line}", logger.warning)
+        host.log(f"model: done in {time.monotonic() - started:.1f} s", logger.warning)
+        return True
+    for line in journal.stdout_lines:
+        host.log_styled(f"model: {line}", fg="red", log_func=logger.error)
+    return False
+
+
+def _token(spec) -> str | None:
+    return spec.hf_token.get_secret_value() if spec.hf_token else None
+
+
+def disk_shortfall(spec) -> str | None:
+    """Why the model's remaining bytes do not fit on the host's disk, or None.
+
+    Needed bytes come from the Hub's file sizes for the pinned revision, minus
+    the files already complete on disk; free bytes from the filesystem that
+    holds (or will hold) the model dir, minus the margin.
+    """
+    repo, revision = spec.profile.repo, spec.profile.revision
+    state = host.get_fact(ModelDirState, path=spec.model_dir)
+    if model_complete(state, repo, revision):
+        return None
+    expected = hub_files(repo, revision, spec.hf_endpoint, _token(spec))
+    need = bytes_to_fetch(expected, state)
+    space = host.get_fact(FreeBytes, path=spec.model_dir)
+    free = space.free_bytes if space else 0
+    if need <= free - spec.margin_bytes:
+        return None
+    where = space.path if space else spec.model_dir
+    return (
+        f"not enough disk for {repo}@{revision[:12]}: need {gb(need)} more (of {gb(sum(expected.values()))}), "
+        f"{where} has {gb(free)} free and {gb(spec.margin_bytes)} must stay free (size_margin_gb); "
+        f"nothing was downloaded"
+    )
+
+
+@operation()
+def model_downloaded(
+    repo: str,
+    revision: str,
+    local_dir: str,
+    python: str,
+    margin_bytes: int,
+    endpoint: str | None = None,
+    token: str | None = None,
+):
+    """
+    Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified.
+
+    Refuses before downloading anything when the bytes still needed do not
+    fit in the free space minus ``margin_bytes``; downloads in a transient
+    systemd unit that survives a dropped ssh session; verifies and writes a
+    marker, so the next run is a no-op.
+
+    .. code:: python
+
+        model_downloaded(repo="moonshotai/Kimi-K2.6", revision="<40 hex>",
+                         local_dir="/srv/models/kimi-k2.6", python="/opt/sglang/venv/bin/python",
+                         margin_bytes=50 * 10**9)
+    """
+    state = host.get_fact(ModelDirState, path=local_dir)
+    if model_complete(state, repo, revision):
+        host.noop(f"{repo}@{revision[:12]} is in {local_dir}, verified")
+        return
+    expected = hub_files(repo, revision, endpoint, token)
+    need = bytes_to_fetch(expected, state)
+    space = host.get_fact(FreeBytes, path=local_dir)
+    free = space.free_bytes if space else 0
+    where = space.path if space else local_dir
+    total = sum(expected.values())
+    if need > free - margin_bytes:
+        message = (
+            f"model: not enough disk for {repo}@{revision[:12]}: need {gb(need)} more "
+            f"(of {gb(total)}), {where} has {gb(free)} free and {gb(margin_bytes)} must stay free "
+            f"(size_margin_gb). Nothing was downloaded."
+        )
+        plan(message)
+        yield fail_command(message)
+        return
+    plan(
+        f"download {repo}@{revision[:12]} into {local_dir}: {gb(need)} of {gb(total)} "
+        f"({len(expected)} files; {gb(free)} free at {where})"
+    )
+    yield StringCommand("install -d -m 755", REMOTE_DIR, "/etc/sglang")
+    yield FileUploadCommand(str(LOCAL_FETCH_SCRIPT), FETCH_SCRIPT)
+    token_file = None
+    if token:
+        token_file = TOKEN_FILE
+        yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(token_file))
+        yield FileUploadCommand(StringIO(token), token_file)
+    argv = [python, FETCH_SCRIPT, "--repo", repo, "--revision", revision, "--local-dir", local_dir,
+            "--margin-bytes", str(margin_bytes)]
+    if endpoint:
+        argv += ["--endpoint", endpoint]
+    if token_file:
+        argv += ["--token-file", token_file]
+    fetch_argv = " ".join(_shell_quote(arg) for arg in argv)
+    yield FunctionCommand(_fetch, (fetch_argv, local_dir, need, token_file), {})
+
+
+@deploy("Model")
+def model(spec):
+    """The pinned model revision in the model dir: disk checked, downloaded, verified."""
+    token = _token(spec)
+    model_downloaded(
+        repo=spec.profile.repo,
+        revision=spec.profile.revision,
+        local_dir=spec.model_dir,
+        python=spec.python_bin,
+        margin_bytes=spec.margin_bytes,
+        endpoint=spec.hf_endpoint,
+        token=token,
+        name=f"model {spec.profile.repo}@{spec.profile.revision[:12]}",
+    )

@@ -1,0 +1,243 @@
+"""Stale GPU processes: compute processes on our GPUs that are not our server.
+
+Fact: ``GpuComputeProcesses`` - every compute process on every GPU with the
+systemd unit that owns it (from /proc/PID/cgroup), because a process of
+another unit must be stopped through systemd: a plain kill is undone by
+``Restart=always``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+
+_UNIT_RE = re.compile(r"[^/]+\.(?:service|scope)$")
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    process_name: str
+    used_mib: int
+    gpu_uuid: str
+    # innermost systemd unit of the process ("foo.service", "session-3.scope"), or None
+    unit: str | None
+
+
+def unit_from_cgroup(lines: list[str]) -> str | None:
+    """The innermost .service/.scope of a /proc/PID/cgroup listing.
+
+    The unified (``0::``) line wins; on hybrid hosts the ``name=systemd`` one.
+    """
+    paths = {}
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            paths[parts[1]] = parts[2]
+    for key in ("", "name=systemd"):
+        path = paths.get(key)
+        if not path or path == "/":
+            continue
+        units = [part for part in path.split("/") if _UNIT_RE.match(part)]
+        if units:
+            return units[-1]
+    return None
+
+
+class GpuComputeProcesses(FactBase[list[GpuProcess]]):
+    """
+    Compute processes on the host's GPUs, each with its owning systemd unit.
+
+    One line per process per GPU, as ``nvidia-smi --query-compute-apps`` gives.
+
+    .. code:: python
+
+        for process in host.get_fact(GpuComputeProcesses):
+            print(process.pid, process.unit, process.used_mib)
+    """
+
+    def requires_command(self, *args, **kwargs) -> str:
+        return "nvidia-smi"
+
+    @staticmethod
+    def default() -> list[GpuProcess]:
+        return []
+
+    def command(self) -> str:
+        return (
+            "apps=$(nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid,process_name"
+            " --format=csv,noheader,nounits) || exit 1; "
+            'printf "%s\\n" "$apps" | grep . | sed "s/^/app: /"; '
+            'for pid in $(printf "%s\\n" "$apps" | cut -d, -f1 | sort -u); do '
+            'sed "s|^|cgroup: $pid |" "/proc/$pid/cgroup" 2>/dev/null; done; true'
+        )
+
+    def process(self, output) -> list[GpuProcess]:
+        apps = []
+        cgroups: dict[int, list[str]] = {}
+        for line in output:
+            if line.startswith("app: "):
+                fields = [field.strip() for field in line[5:].split(",", 3)]
+                pid, used, uuid, name = fields
+                apps.append((int(pid), name, int(used), uuid))
+            elif line.startswith("cgroup: "):
+                pid, cgroup_line = line[8:].split(" ", 1)
+                cgroups.setdefault(int(pid), []).append(cgroup_line)
+        return [
+            GpuProcess(pid, name, used, uuid, unit_from_cgroup(cgroups.get(pid, [])))
+            for pid, name, used, uuid in apps
+        ]
+
+
+# --- operations -------------------------------------------------------------
+
+import os.path  # noqa: E402
+import time  # noqa: E402
+
+from pyinfra import host, logger  # noqa: E402
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation  # noqa: E402
+
+from tasks._common import fail_command, plan  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def gpu_gb(mib: int) -> str:
+    return f"{mib * MIB / 1e9:.2f} GB"
+
+
+def stale_processes(processes: list[GpuProcess], uuid_to_index: dict[str, int], gpu_ids, own_unit: str):
+    """(process, gpu index) for every compute process on our GPUs outside our unit."""
+    return [
+        (process, uuid_to_index[process.gpu_uuid])
+        for process in processes
+        if process.gpu_uuid in uuid_to_index
+        and uuid_to_index[process.gpu_uuid] in gpu_ids
+        and process.unit != own_unit
+    ]
+
+
+def describe(process: GpuProcess, gpu: int) -> str:
+    owner = f" of {process.unit}" if process.unit else ""
+    return f"pid {process.pid} ({os.path.basename(process.process_name)}{owner}) holds {gpu_gb(process.used_mib)} on GPU {gpu}"
+
+
+def _stop(state, host, units: list[str], pids: list[int], grace_s: float, wait_s: float, names: dict) -> bool:
+    def run(command: str):
+        return host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
+
+    for unit in units:
+        host.log(f"stale GPU processes: systemctl stop {unit} (a kill would be undone by its Restart=)", logger.warning)
+        ok, out = run(f"systemctl stop {unit}")
+        if not ok:
+            host.log_styled(f"stale GPU processes: systemctl stop {unit} failed: {out.stderr}", fg="red",
+                            log_func=logger.error)
+            return False
+    if pids:
+        listed = " ".join(str(pid) for pid in pids)
+        host.log(f"stale GPU processes: SIGTERM to pid {listed}", logger.warning)
+        run(f"kill -TERM {listed} 2>/dev/null; true")
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            _ok, out = run(f"for p in {listed}; do [ -d /proc/$p ] && echo $p; done; true")
+            if not out.stdout.strip():
+                break
+            time.sleep(0.2)
+        else:
+            alive = out.stdout.split()
+            host.log(f"stale GPU processes: SIGKILL to pid {' '.join(alive)} after {grace_s:.0f} s", logger.warning)
+            run(f"kill -KILL {' '.join(alive)} 2>/dev/null; true")
+    # the memory must really be free before our server starts (TP balance check)
+    watched = set(names)
+    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    while True:
+        _ok, out = run("nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits")
+        holding = [line for line in out.stdout_lines if line.split(",")[0].strip().isdigit()
+                   and int(line.split(",")[0]) in watched]
+        if not holding:
+            host.log(f"stale GPU processes: GPU memory freed in {time.monotonic() - started:.1f} s", logger.warning)
+            return True
+        if time.monotonic() > deadline:
+            for line in holding:
+                pid = int(line.split(",")[0])
+                host.log_styled(f"stale GPU processes: still held after {wait_s:.0f} s: {names[pid]}", fg="red",
+                                log_func=logger.error)
+            return False
+        time.sleep(0.2)
+
+
+@operation()
+def stale_gpu_processes_stopped(
+    gpu_ids: list[int],
+    own_unit: str,
+    policy: str = "stop",
+    grace_s: float = 30,
+    protect_units: list[str] | None = None,
+    protect_process_names: list[str] | None = None,
+):
+    """
+    Stop compute processes on ``gpu_ids`` that are not in ``own_unit``: one
+    owned by another systemd service through ``systemctl stop`` (its
+    Restart= would undo a kill), any other with SIGTERM, then SIGKILL after
+    ``grace_s``; then wait until nvidia-smi shows their memory freed.
+    Protected units and process names are never touched: they fail the step.
+
+    + policy: "stop", "fail" (refuse to continue) or "ignore"
+
+    .. code:: python
+
+        stale_gpu_processes_stopped(gpu_ids=[0, 1], own_unit="sglang.service",
+                                    protect_units=["nvidia-persistenced.service"])
+    """
+    from tasks.preflight import NvidiaGpus  # preflight imports this module
+
+    gpus = host.get_fact(NvidiaGpus)
+    uuid_to_index = {gpu.uuid: gpu.index for gpu in gpus}
+    stale = stale_processes(host.get_fact(GpuComputeProcesses), uuid_to_index, gpu_ids, own_unit)
+    if not stale:
+        host.noop(f"no other compute process on GPUs {gpu_ids}")
+        return
+    lines = [describe(process, gpu) for process, gpu in stale]
+    if policy == "ignore":
+        plan("stale GPU processes ignored (stale_policy = 'ignore'): " + "; ".join(lines))
+        host.noop("stale GPU processes ignored: " + "; ".join(lines))
+        return
+    protect_units = set(protect_units or [])
+    protect_names = set(protect_process_names or [])
+    protected = [
+        describe(process, gpu)
+        for process, gpu in stale
+        if process.unit in protect_units or os.path.basename(process.process_name) in protect_names
+    ]
+    if protected or policy == "fail":
+        why = "protected (protect_units / protect_process_names)" if protected else "stale_policy = 'fail'"
+        message = "stale GPU processes on our GPUs, not stopped: " + why + "\n" + "\n".join(
+            f"  {line}" for line in (protected or lines)
+        )
+        plan(message)
+        yield fail_command(message)
+        return
+    units = sorted({process.unit for process, _ in stale if process.unit and process.unit.endswith(".service")})
+    pids = sorted({process.pid for process, _ in stale if not (process.unit and process.unit.endswith(".service"))})
+    for process, gpu in stale:
+        how = (f"systemctl stop {process.unit}" if process.unit in units else f"SIGTERM, SIGKILL after {grace_s:.0f} s")
+        plan(f"stop stale GPU process: {describe(process, gpu)} -> {how}")
+    names = {process.pid: describe(process, gpu) for process, gpu in stale}
+    yield FunctionCommand(_stop, (units, pids, grace_s, max(30.0, grace_s + 10), names), {})
+
+
+@deploy("Stale GPU processes")
+def stale_gpu(spec):
+    """Free our GPUs from processes that are not our server."""
+    stale_gpu_processes_stopped(
+        gpu_ids=list(spec.gpu_ids),
+        own_unit=spec.unit_name,
+        policy=spec.stale_policy,
+        grace_s=spec.stale_grace_s,
+        protect_units=list(spec.protect_units),
+        protect_process_names=list(spec.protect_process_names),
+        name=f"stale GPU processes on GPUs {','.join(map(str, spec.gpu_ids))}",
+    )

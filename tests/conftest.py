@@ -1,0 +1,99 @@
+"""Shared fixtures.
+
+sandbox_hosts (session): two booted sandbox hosts (sandbox.hosts.up(2));
+    its finalizer always calls sandbox.hosts.down() (also on a failure or
+    Ctrl-C), so no guest, namespace, mount or NAT rule outlives the run.
+run_pyinfra: run the pyinfra CLI against the sandbox hosts.
+
+Tests that boot sandbox hosts are marked @pytest.mark.sandbox; they need
+root and are skipped without it (or with SGC_SKIP_SANDBOX=1).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _sandbox_unavailable() -> str | None:
+    if os.environ.get("SGC_SKIP_SANDBOX") == "1":
+        return "SGC_SKIP_SANDBOX=1"
+    if not sys.platform.startswith("linux"):
+        return "sandbox hosts need Linux"
+    if os.geteuid() != 0:
+        return "sandbox hosts need root (namespaces, mounts, cgroups)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _sandbox_unavailable()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "sandbox" in item.keywords:
+            item.add_marker(skip)
+
+
+def netns_names() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.strip())
+
+
+class SandboxHosts(list):
+    """The booted hosts (a list of SandboxHost), plus what the machine had before."""
+
+    netns_before: list[str]
+
+
+@pytest.fixture(scope="session")
+def sandbox_hosts():
+    reason = _sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from sandbox import hosts as sandbox_api
+
+    hosts = SandboxHosts()
+    hosts.netns_before = netns_names()
+    atexit.register(sandbox_api.down)  # backstop if the process dies oddly; down() is idempotent
+    try:
+        hosts.extend(sandbox_api.up(2))
+        yield hosts
+    finally:
+        sandbox_api.down()
+        atexit.unregister(sandbox_api.down)
+
+
+@pytest.fixture
+def run_pyinfra(sandbox_hosts):
+    """run_pyinfra(*args, limit=None, env=None, timeout=900) -> CompletedProcess.
+
+    Runs `python -m pyinfra -y inventory/sandbox.py ARGS...` from the project
+    root (e.g. run_pyinfra("deploy.py"), run_pyinfra("deploy.py", "--dry")),
+    output captured as text; `limit` passes --limit NAME.
+    """
+
+    def run(*args: str, limit: str | None = None, env: dict | None = None, timeout: float = 900):
+        argv = [sys.executable, "-m", "pyinfra", "-y"]
+        if limit:
+            argv += ["--limit", limit]
+        argv += ["inventory/sandbox.py", *args]
+        return subprocess.run(
+            argv,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
