@@ -30,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -362,8 +363,8 @@ def _setup_network(index: int) -> None:
                 _iptables("-I", *r)
 
 
-def _our_iptables_rules() -> list[tuple[str, list[str]]]:
-    """(table, rule args after -A) of every rule commented sgc-..."""
+def _our_iptables_rules(name: str | None = None) -> list[tuple[str, list[str]]]:
+    """(table, rule args after -A) of every rule commented sgc-<host> (of `name` only, if given)."""
     rules = []
     for table, chain in (("nat", "POSTROUTING"), ("filter", "FORWARD")):
         out = _iptables("-t", table, "-S", chain, check=False).stdout
@@ -372,7 +373,7 @@ def _our_iptables_rules() -> list[tuple[str, list[str]]]:
             if args[:1] != ["-A"] or "--comment" not in args:
                 continue
             comment = args[args.index("--comment") + 1]
-            if re.fullmatch(rf"{PREFIX}-{PREFIX}\d+", comment):
+            if re.fullmatch(rf"{PREFIX}-{PREFIX}\d+", comment) and (name is None or comment == cgroup_name(name)):
                 rules.append((table, args[1:]))
     return rules
 
@@ -382,7 +383,7 @@ def _our_iptables_rules() -> list[tuple[str, list[str]]]:
 
 def pip_settings() -> dict[str, str]:
     """find-links / extra-index-url / index-url / constraint of the machine's pip config."""
-    wanted = ("find-links", "extra-index-url", "index-url", "constraint")
+    wanted = ("find-links", "extra-index-url", "index-url", "constraint", "cert")
     settings: dict[str, str] = {}
     parser = configparser.RawConfigParser()
     for path in PIP_CONFIG_FILES:  # later files win, like pip
@@ -411,6 +412,8 @@ def _guest_pip_conf() -> tuple[str, list[Path]]:
     for key in ("index-url", "extra-index-url", "find-links"):
         if key in settings:
             lines.append(f"{key} = {settings[key]}")
+    if settings.get("cert") == CA_BUNDLE:  # the guest's bundle has the machine's CAs
+        lines.append(f"cert = {CA_BUNDLE}")
     constraint = settings.get("constraint")
     if constraint and Path(constraint).is_file():
         lines.append(f"constraint = {constraint}")
@@ -433,6 +436,36 @@ def _guest_resolv_conf() -> str:
         elif parts[:1] in (["search"], ["options"]):
             keep.append(line)
     return "\n".join(keep) + "\n" if keep else ""
+
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+_PEM = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+# CA environment the machine's tools use: passed on to ssh sessions in the guest
+CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT")
+
+
+def _machine_extra_cas(guest_bundle: Path) -> list[str]:
+    """CA certificates the machine trusts and the guest does not (egress proxies...)."""
+    try:
+        machine = _PEM.findall(Path(CA_BUNDLE).read_text())
+        guest = set(_PEM.findall(guest_bundle.read_text()))
+    except OSError:
+        return []
+    return [pem for pem in machine if pem not in guest]
+
+
+def _install_machine_cas(root: Path) -> None:
+    bundle = root / CA_BUNDLE.lstrip("/")
+    extra = _machine_extra_cas(bundle)
+    if not extra:
+        return
+    for i, pem in enumerate(extra):  # kept by update-ca-certificates in the guest
+        _write(root, f"/usr/local/share/ca-certificates/sgc-machine-{i}.crt", pem + "\n")
+    _write(root, CA_BUNDLE, bundle.read_text().rstrip("\n") + "\n" + "\n".join(extra) + "\n")
+    env = [f"{k}={CA_BUNDLE}" for k in CA_ENV if os.environ.get(k)]
+    if env:
+        current = (root / "etc/environment").read_text() if (root / "etc/environment").exists() else ""
+        _write(root, "/etc/environment", current + "".join(line + "\n" for line in env))
 
 
 def _write(root: Path, rel: str, data: str | bytes, mode: int = 0o644) -> None:
@@ -495,6 +528,7 @@ def _prepare_root(root: Path, name: str, layout: dict) -> None:
     _write(root, "/etc/resolv.conf", _guest_resolv_conf())
     if rootfs.APT_SOURCES.exists():
         _write(root, str(rootfs.APT_SOURCES), rootfs.APT_SOURCES.read_text())
+    _install_machine_cas(root)
     pip_conf, extra = _guest_pip_conf()
     _write(root, "/etc/pip.conf", pip_conf)
     for path in extra:
@@ -599,10 +633,17 @@ def _system_state(host: SandboxHost, timeout: float = 10) -> str:
     return proc.stdout.strip() or "unknown"
 
 
-def _wait_booted(host: SandboxHost, timeout: float = BOOT_TIMEOUT_S) -> str:
+class _Aborted(Exception):
+    pass
+
+
+def _wait_booted(host: SandboxHost, timeout: float = BOOT_TIMEOUT_S, abort: threading.Event | None = None) -> str:
     deadline = time.monotonic() + timeout
+    abort = abort or threading.Event()
     # first: sshd listening (cheap), then: systemd done booting
     while True:
+        if abort.is_set():
+            raise _Aborted(host.name)
         if not _alive(host.nspawn_pid):
             raise RuntimeError(f"{host.name}: systemd-nspawn exited during boot:\n{_log_tail(host.name)}")
         try:
@@ -614,6 +655,8 @@ def _wait_booted(host: SandboxHost, timeout: float = BOOT_TIMEOUT_S) -> str:
             raise RuntimeError(f"{host.name}: sshd not reachable after {timeout:.0f} s:\n{_log_tail(host.name)}")
         time.sleep(0.05)
     while True:
+        if abort.is_set():
+            raise _Aborted(host.name)
         state = _system_state(host, timeout=5)
         if state in ("running", "degraded"):
             return state
@@ -659,6 +702,7 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
         state = _read_state()
         hosts: dict[int, SandboxHost] = {}
         started: list[SandboxHost] = []
+        abort = threading.Event()
         try:
             for index in range(1, count + 1):
                 name = host_name(index)
@@ -677,8 +721,9 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
                 state["hosts"][name] = asdict(host)
                 _write_state(state)  # a crash from here on is still cleaned by down()
             if started:
-                with concurrent.futures.ThreadPoolExecutor(max_workers=len(started)) as pool:
-                    futures = {pool.submit(_wait_booted, h): h for h in started}
+                pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(started))
+                try:
+                    futures = {pool.submit(_wait_booted, h, BOOT_TIMEOUT_S, abort): h for h in started}
                     errors = []
                     for fut in concurrent.futures.as_completed(futures):
                         try:
@@ -687,12 +732,18 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
                             errors.append(str(err))
                     if errors:
                         raise RuntimeError("sandbox boot failed:\n" + "\n".join(errors))
+                finally:
+                    abort.set()
+                    pool.shutdown(wait=True, cancel_futures=True)
         except BaseException:
             # do not leave half-started guests behind
+            abort.set()
             for host in started:
                 _teardown(host.name, host.index, pids=[host.nspawn_pid])
                 state["hosts"].pop(host.name, None)
             _write_state(state)
+            if not state["hosts"]:
+                _cleanup_globals()
             raise
         for index, host in hosts.items():
             state["hosts"][host.name] = asdict(host)
@@ -761,6 +812,8 @@ def _teardown(name: str, index: int | None, pids: list[int]) -> None:
             _sh("ip", "netns", "del", ns, check=False)
         if Path(f"/sys/class/net/{veth_host(index)}").exists():
             _sh("ip", "link", "del", veth_host(index), check=False)
+    for table, rule in _our_iptables_rules(name):
+        _iptables("-t", table, "-D", *rule, check=False)
     for d in _cgroup_dirs(name):
         _rmdir_tree(d)
 
@@ -793,6 +846,31 @@ def _scan_names() -> dict[str, int | None]:
     return names
 
 
+def _cleanup_globals() -> None:
+    """Undo what up() changed beyond single guests (once no guest is left)."""
+    for table, rule in _our_iptables_rules():
+        _iptables("-t", table, "-D", *rule, check=False)
+    orig = STATE_DIR / "ip_forward.orig"
+    if orig.exists():
+        Path("/proc/sys/net/ipv4/ip_forward").write_text(orig.read_text())
+        orig.unlink()
+    marker = STATE_DIR / "netns-mount.created"
+    if marker.exists():
+        if NETNS_DIR.is_dir() and not any(NETNS_DIR.iterdir()):
+            for _ in range(4):  # concurrent `ip netns add` may have stacked it
+                if not _is_mountpoint(NETNS_DIR):
+                    break
+                _sh("umount", str(NETNS_DIR), check=False)
+            if marker.read_text().strip() == "dir-created":
+                try:
+                    NETNS_DIR.rmdir()
+                except OSError:
+                    pass
+        marker.unlink()
+    if VAR_DIR.is_dir() and not any(VAR_DIR.iterdir()):
+        VAR_DIR.rmdir()
+
+
 def down() -> list[str]:
     """Remove every sandbox guest and all it used; returns the names removed."""
     with _state_lock():
@@ -802,27 +880,7 @@ def down() -> list[str]:
         if names:
             with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
                 list(pool.map(lambda n: _teardown(n, names[n], [p for p in pids.get(n, []) if p]), names))
-        for table, rule in _our_iptables_rules():
-            _iptables("-t", table, "-D", *rule, check=False)
-        orig = STATE_DIR / "ip_forward.orig"
-        if orig.exists():
-            Path("/proc/sys/net/ipv4/ip_forward").write_text(orig.read_text())
-            orig.unlink()
-        marker = STATE_DIR / "netns-mount.created"
-        if marker.exists():
-            if NETNS_DIR.is_dir() and not any(NETNS_DIR.iterdir()):
-                for _ in range(4):  # concurrent `ip netns add` may have stacked it
-                    if not _is_mountpoint(NETNS_DIR):
-                        break
-                    _sh("umount", str(NETNS_DIR), check=False)
-                if marker.read_text().strip() == "dir-created":
-                    try:
-                        NETNS_DIR.rmdir()
-                    except OSError:
-                        pass
-            marker.unlink()
-        if VAR_DIR.is_dir() and not any(VAR_DIR.iterdir()):
-            VAR_DIR.rmdir()
+        _cleanup_globals()
         STATE_FILE.unlink(missing_ok=True)
     return sorted(names, key=lambda n: _index_of(n) or 0)
 

@@ -33,13 +33,14 @@ def preparing() -> bool:
 def plan(message: str) -> None:
     """A plan line for the operator, printed once, while pyinfra prepares."""
     if preparing():
-        host.log(f"plan: {message}", logger.warning)
+        for line in message.splitlines():
+            logger.warning(f"{host.print_prefix}plan: {line}")
 
 
 def report(message: str) -> None:
     """A line for the operator while pyinfra executes (plan() covers preparing)."""
     if not preparing():
-        host.log(message, logger.warning)
+        logger.warning(f"{host.print_prefix}{message}")
 
 
 def _fail(state, host, message: str) -> bool:
@@ -143,7 +144,7 @@ def print_diff(path: str, old: str | None, new: str, secrets: Iterable[str] = ()
     secrets = list(secrets)
     old_lines = mask(old or "", secrets).splitlines(keepends=True)
     new_lines = mask(new, secrets).splitlines(keepends=True)
-    host.log(f"{'Will modify' if old is not None else 'Will create'} {path}", logger.info)
+    logger.info(f"{host.print_prefix}{'Will modify' if old is not None else 'Will create'} {path}")
     for line in difflib.unified_diff(old_lines, new_lines, fromfile=path, tofile=path + " (new)"):
         logger.info("    %s", line.rstrip("\n"))
 

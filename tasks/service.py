@@ -294,7 +294,7 @@ def unit_installed(unit: str):
     """
     state = host.get_fact(SystemdUnitState, unit=unit)
     changed = False
-    if state.need_daemon_reload or not state.exists:
+    if state.need_daemon_reload or state.load_state != "loaded":
         plan(f"systemctl daemon-reload ({unit} changed on disk)")
         yield "systemctl daemon-reload"
         changed = True

@@ -13,3 +13,5 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "facts"
 for _folder in sorted(FIXTURES.iterdir()):
     _cls = make_fact_tests("tasks", _folder.name, _folder)
     globals()[f"TestFact_{_folder.name.replace('.', '_')}"] = _cls
+
+del _cls, _folder

@@ -26,6 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SANDBOX_DIR = ROOT / "sandbox"
 SGLANG_VENV_PY = ROOT / ".sandbox" / "sglang-venv" / "bin" / "python"
+CT081_VENV_PY = ROOT / ".sandbox" / "ct-venv" / "bin" / "python"  # torch + compressed-tensors==0.8.1
 
 sys.path.insert(0, str(SANDBOX_DIR))
 import gpusim  # noqa: E402
@@ -424,6 +425,18 @@ def test_compressed_tensors_missing_member_raises_attribute_error(bed, fmt):
     assert "Traceback (most recent call last)" in err
     assert last_line(err).startswith("AttributeError") and "nvfp4_pack_quantized" in last_line(err), err
     assert "Load weight begin" not in proc.out()
+
+
+@pytest.mark.skipif(not CT081_VENV_PY.exists(), reason=f"no compressed-tensors 0.8.1 venv at {CT081_VENV_PY}")
+def test_real_compressed_tensors_0_8_1(bed):
+    """The real library, as on ct200: an INT4 pack-quantized model fails too,
+    because SGLang 0.5.23 touches CompressionFormat.nvfp4_pack_quantized for
+    every config group."""
+    bed.write_model(_ct_model("pack-quantized"))
+    proc = bed.run(["--model-path", str(bed.model), "--port", str(free_port())],
+                   python=str(CT081_VENV_PY), timeout=120)
+    assert proc.p.returncode == 1
+    assert last_line(proc.err()) == "AttributeError: nvfp4_pack_quantized. Did you mean: 'pack_quantized'?"
 
 
 def test_compressed_tensors_with_member_starts(bed):

@@ -1,0 +1,314 @@
+"""Quantization deps: the venv's compressed-tensors must know the model's format.
+
+Reads the model's config.json quantization_config. When quant_method is
+compressed-tensors and a format it names (top level or any config group) is
+not a CompressionFormat member of the venv's compressed-tensors, upgrade it to
+a release that has it, holding torch / sglang / flashinfer at their installed
+versions with a constraints file; then compare `pip check` before and after:
+a conflict the upgrade introduced fails the step naming the package and its
+pin, unless the settings allow that package to conflict (then a warning).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
+
+from tasks._common import fail_command, plan
+from tasks.python_env import VenvPackages, venv_python
+from tasks.spec import COMPRESSED_TENSORS_FORMATS
+
+CACHE_DIR = "/var/cache/sglang-converge"
+PACKAGE = "compressed-tensors"
+
+# One python run in the venv; the member list is cached per installed version,
+# because importing compressed_tensors (and torch) takes seconds.
+_FORMATS_PY = """
+import importlib.metadata as md, json, os, sys
+try:
+    version = md.version("compressed-tensors")
+except md.PackageNotFoundError:
+    print(json.dumps({"version": None, "members": []})); sys.exit(0)
+cache = "%s/ct-formats-%%s-%%s.json" %% (sys.prefix.strip("/").replace("/", "_"), version)
+if os.path.exists(cache):
+    print(open(cache).read()); sys.exit(0)
+from compressed_tensors.config import CompressionFormat
+out = json.dumps({"version": version, "members": sorted(member.name for member in CompressionFormat)})
+os.makedirs(os.path.dirname(cache), exist_ok=True)
+with open(cache + ".tmp", "w") as handle:
+    handle.write(out)
+os.replace(cache + ".tmp", cache)
+print(out)
+""" % CACHE_DIR
+
+_REQUIRERS_PY = """
+import importlib.metadata as md, json, re
+out = {}
+for dist in md.distributions():
+    for req in dist.requires or []:
+        if re.match(r"compressed[-_.]tensors\\b", req, re.I) and "extra ==" not in req:
+            out.setdefault(dist.metadata["Name"], []).append(req)
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@dataclass(frozen=True)
+class CompressedTensors:
+    version: str | None
+    members: list[str]  # CompressionFormat member names, e.g. "nvfp4_pack_quantized"
+
+
+def _venv_python_command(path: str, code: str, absent: str) -> StringCommand:
+    python = venv_python(path)
+    return StringCommand("if [ -x", QuoteString(python), "]; then", QuoteString(python), "-c",
+                         QuoteString(code), f"; else echo '{absent}'; fi")
+
+
+class CompressionFormats(FactBase[CompressedTensors]):
+    """
+    The venv's compressed-tensors version and its CompressionFormat members,
+    imported with the venv's own python.
+
+    .. code:: python
+
+        ct = host.get_fact(CompressionFormats, path="/opt/sglang/venv")
+        "nvfp4_pack_quantized" in ct.members
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return _venv_python_command(path, _FORMATS_PY, '{"version": null, "members": []}')
+
+    def process(self, output) -> CompressedTensors:
+        data = json.loads([line for line in output if line.strip()][-1])
+        return CompressedTensors(version=data["version"], members=list(data["members"]))
+
+
+class CompressedTensorsRequirers(FactBase[dict[str, list[str]]]):
+    """
+    Installed distributions that require compressed-tensors, with their requirement strings.
+
+    .. code:: python
+
+        host.get_fact(CompressedTensorsRequirers, path="/opt/sglang/venv")
+        # {"vllm": ["compressed-tensors==0.8.1"]}
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return _venv_python_command(path, _REQUIRERS_PY, "{}")
+
+    def process(self, output) -> dict[str, list[str]]:
+        return json.loads([line for line in output if line.strip()][-1])
+
+
+class ModelConfig(FactBase[dict | None]):
+    """
+    The model's config.json on the host, or None before it is downloaded.
+
+    .. code:: python
+
+        host.get_fact(ModelConfig, path="/srv/models/kimi-k2.6")["quantization_config"]
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("set --", QuoteString(path), '; [ -f "$1/config.json" ] && cat "$1/config.json" || true')
+
+    def process(self, output) -> dict | None:
+        text = "\n".join(output).strip()
+        return json.loads(text) if text else None
+
+
+@lru_cache(maxsize=None)
+def hub_config(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict:
+    """config.json of a pinned revision, from the Hub (for the plan before the download)."""
+    from huggingface_hub import hf_hub_download
+
+    path = hf_hub_download(repo, "config.json", revision=revision, endpoint=endpoint, token=token)
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def needed_formats(config: dict) -> list[str]:
+    """CompressionFormat member names a config.json needs (empty if not compressed-tensors)."""
+    quant = config.get("quantization_config") or {}
+    if quant.get("quant_method") != "compressed-tensors":
+        return []
+    formats = {quant.get("format")}
+    for group in (quant.get("config_groups") or {}).values():
+        if isinstance(group, dict):
+            formats.add(group.get("format"))
+    return sorted(value.replace("-", "_") for value in formats if value)
+
+
+def first_release_with(members: list[str]) -> Version:
+    """The first compressed-tensors release that has every member (FACTS table)."""
+    by_member = {value.replace("-", "_"): Version(release) for value, release in COMPRESSED_TENSORS_FORMATS.items()}
+    return max((by_member.get(member, Version("0.4.0")) for member in members), default=Version("0.4.0"))
+
+
+@dataclass(frozen=True)
+class UpgradePlan:
+    requirement: str | None  # what pip installs, e.g. "compressed-tensors==0.18.0"
+    blockers: list[str]  # pins that exclude every release with the format (not allowed to conflict)
+    tolerated: list[str]  # pins that will conflict, allowed by the settings
+
+
+def upgrade_plan(minimum: Version, requirers: dict[str, list[str]], allow: list[str]) -> UpgradePlan:
+    """Which compressed-tensors to install: at least ``minimum``, inside every pin
+    of a package not allowed to conflict; an exact pin that already has the
+    format is taken as is (e.g. sglang 0.5.23's ==0.18.0).
+
+    >>> upgrade_plan(Version("0.10.0"), {"vllm": ["compressed-tensors==0.8.1"]}, ["vllm"]).requirement
+    'compressed-tensors>=0.10.0'
+    >>> upgrade_plan(Version("0.10.0"), {"sglang": ["compressed-tensors==0.18.0"]}, []).requirement
+    'compressed-tensors==0.18.0'
+    """
+    allowed = {canonicalize_name(name) for name in allow}
+    specifier = SpecifierSet(f">={minimum}")
+    blockers, tolerated = [], []
+    for name, requirements in sorted(requirers.items()):
+        for text in requirements:
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            pins = requirement.specifier
+            exact = [spec.version for spec in pins if spec.operator in ("==", "===")]
+            excludes = bool(exact) and all(Version(v.rstrip(".*")) < minimum for v in exact)
+            if canonicalize_name(name) in allowed:
+                if excludes or not pins.contains(str(minimum)):
+                    tolerated.append(f"{name} requires {text}")
+                continue
+            if excludes:
+                blockers.append(f"{name} requires {text}")
+            else:
+                specifier &= pins
+    if blockers:
+        return UpgradePlan(None, blockers, tolerated)
+    return UpgradePlan(f"{PACKAGE}{_simplest(specifier, minimum)}", blockers, tolerated)
+
+
+def _simplest(specifier: SpecifierSet, minimum: Version) -> str:
+    exact = [spec for spec in specifier if spec.operator == "=="]
+    if exact:
+        return f"=={exact[0].version}"
+    return str(specifier)
+
+
+_PIP_CHECK_RE = re.compile(r"^(?P<pkg>\S+) (?P<ver>\S+) (?:has requirement|requires) (?P<req>.+?)(?:,|\.$| which)")
+
+
+def _run(host, command: str):
+    return host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
+
+
+def _upgrade(state, host, venv: str, requirement: str, hold: dict[str, str], allow: list[str], need: str) -> bool:
+    python = shlex.quote(venv_python(venv))
+    pip = f"{python} -m pip --disable-pip-version-check"
+    constraints = f"{CACHE_DIR}/hold-constraints.txt"
+    _ok, before = _run(host, f"{pip} check 2>&1")
+    hold_lines = "\\n".join(f"{name}=={version}" for name, version in sorted(hold.items()))
+    ok, out = _run(host, f"install -d -m 755 {CACHE_DIR} && printf '{hold_lines}\\n' > {constraints}")
+    held = ", ".join(f"{name} {version}" for name, version in sorted(hold.items())) or "nothing"
+    host.log(f"quant deps: pip install {requirement} (holding {held})", logger.warning)
+    ok, out = _run(host, f"{pip} install --upgrade -c {constraints} {shlex.quote(requirement)} 2>&1")
+    if not ok:
+        tail = [line for line in out.stdout_lines if line.strip()][-6:]
+        for line in tail:
+            host.log_styled(f"quant deps: {line}", fg="red", log_func=logger.error)
+        return False
+    _ok, after = _run(host, f"{pip} check 2>&1")
+    old = {line.strip() for line in before.stdout_lines if line.strip()}
+    new = [line.strip() for line in after.stdout_lines
+           if line.strip() and line.strip() not in old and "No broken requirements" not in line]
+    allowed = {canonicalize_name(name) for name in allow}
+    fatal = []
+    for line in new:
+        match = _PIP_CHECK_RE.match(line)
+        package = canonicalize_name(match.group("pkg")) if match else ""
+        if package in allowed:
+            host.log(f"quant deps: WARNING: {line} (allowed: compressed_tensors_allow_conflicts "
+                     f"includes {match.group('pkg')}; the model needs {need})", logger.warning)
+        else:
+            fatal.append(line)
+    previous = [line for line in old if "No broken requirements" not in line]
+    if previous:
+        host.log(f"quant deps: {len(previous)} pip check problem(s) were there before the upgrade "
+                 f"(not caused by it), e.g.: {sorted(previous)[0]}", logger.warning)
+    _ok, version = _run(host, f"{python} -c 'import importlib.metadata as m; print(m.version(\"{PACKAGE}\"))'")
+    if fatal:
+        for line in fatal:
+            host.log_styled(f"quant deps: the upgrade broke a pin: {line}; the model needs {need}. "
+                            f"Allow it with compressed_tensors_allow_conflicts, or remove that package.",
+                            fg="red", log_func=logger.error)
+        return False
+    host.log(f"quant deps: {PACKAGE} is now {version.stdout.strip()}", logger.warning)
+    return True
+
+
+@operation()
+def compression_format_supported(spec):
+    """
+    Make the venv's compressed-tensors know every format the model's
+    config.json uses; no change when it already does.
+
+    .. code:: python
+
+        compression_format_supported(spec=spec)
+    """
+    config = host.get_fact(ModelConfig, path=spec.model_dir)
+    if config is None:
+        token = spec.hf_token.get_secret_value() if spec.hf_token else None
+        config = hub_config(spec.profile.repo, spec.profile.revision, spec.hf_endpoint, token)
+    needed = needed_formats(config)
+    if not needed:
+        host.noop("the model does not use compressed-tensors")
+        return
+    installed = host.get_fact(CompressionFormats, path=spec.venv_path)
+    missing = [member for member in needed if member not in installed.members]
+    if installed.version and not missing:
+        host.noop(f"{PACKAGE} {installed.version} has {', '.join(needed)}")
+        return
+    minimum = first_release_with(needed)
+    need = f"{', '.join(needed)} ({PACKAGE} >= {minimum})"
+    requirers = host.get_fact(CompressedTensorsRequirers, path=spec.venv_path)
+    upgrade = upgrade_plan(minimum, requirers, list(spec.compressed_tensors_allow_conflicts))
+    have = f"{PACKAGE} {installed.version}" if installed.version else f"no {PACKAGE}"
+    if upgrade.requirement is None:
+        message = (
+            f"quant deps: the model needs {need} but {'; '.join(upgrade.blockers)}: "
+            f"allow the conflict with compressed_tensors_allow_conflicts = "
+            f"{[b.split()[0] for b in upgrade.blockers]} or remove the package"
+        )
+        plan(message)
+        yield fail_command(message)
+        return
+    packages = host.get_fact(VenvPackages, path=spec.venv_path)
+    hold = {
+        name: packages[canonicalize_name(name)]
+        for name in spec.compressed_tensors_hold
+        if canonicalize_name(name) in packages
+    }
+    tolerated = f"; will conflict, allowed: {'; '.join(upgrade.tolerated)}" if upgrade.tolerated else ""
+    plan(f"{have} lacks {', '.join(missing) or 'everything'}: install {upgrade.requirement}, "
+         f"holding {', '.join(f'{k} {v}' for k, v in sorted(hold.items())) or 'nothing'}{tolerated}")
+    yield FunctionCommand(
+        _upgrade,
+        (spec.venv_path, upgrade.requirement, hold, list(spec.compressed_tensors_allow_conflicts), need),
+        {},
+    )
+
+
+@deploy("Quantization deps")
+def quant_deps(spec):
+    """compressed-tensors new enough for the model's quantization format."""
+    compression_format_supported(spec=spec, name=f"{PACKAGE} supports the model's format")

@@ -1,0 +1,17 @@
+"""Operations replayed from fixtures (pyinfra-testing): facts in, commands out.
+
+One folder per operation under tests/fixtures/ops/<module>.<operation>/.
+"""
+
+from pathlib import Path
+
+from pyinfra_testing.operations import make_operation_tests
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "ops"
+
+for _folder in sorted(FIXTURES.iterdir()):
+    if any(_folder.iterdir()):
+        _cls = make_operation_tests("tasks", _folder.name, _folder)
+        globals()[f"TestOp_{_folder.name.replace('.', '_')}"] = _cls
+
+del _cls, _folder
