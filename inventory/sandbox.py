@@ -14,6 +14,11 @@ import json
 import os
 from pathlib import Path
 
+try:
+    from pyinfra.api.exceptions import InventoryError
+except ImportError:  # read without pyinfra (plain import, tests)
+    InventoryError = RuntimeError  # type: ignore[misc,assignment]
+
 STATE_FILE = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox")) / "hosts.json"
 
 
@@ -23,10 +28,13 @@ def _sandbox_hosts() -> list[tuple[str, dict]]:
     except FileNotFoundError:
         state = {"hosts": {}}
     except ValueError as err:
-        raise RuntimeError(f"sandbox state file {STATE_FILE} is unreadable ({err}): run `python -m sandbox down` then `python -m sandbox up`") from None
+        raise InventoryError(
+            f"sandbox state file {STATE_FILE} is unreadable ({err}): "
+            "run `python -m sandbox down`, then `python -m sandbox up --hosts N`"
+        ) from None
     entries = sorted(state.get("hosts", {}).values(), key=lambda e: int(e["index"]))
     if not entries:
-        raise RuntimeError(
+        raise InventoryError(
             f"no sandbox hosts are up ({STATE_FILE} lists none): run `python -m sandbox up --hosts N` first"
         )
     hosts = []
@@ -43,10 +51,26 @@ def _sandbox_hosts() -> list[tuple[str, dict]]:
                     "ssh_allow_agent": False,
                     "ssh_look_for_keys": False,
                     "ssh_connect_retries": 2,
+                    # the sandbox's Hub stand-in, on the machine side of this host's veth
+                    "hf_endpoint": f"http://{e['machine_address']}:{_hub_port()}",
+                    **_pip_wheel(),
                 },
             )
         )
     return hosts
+
+
+def _hub_port() -> int:
+    try:
+        return int(json.loads((STATE_FILE.parent / "hub.json").read_text())["port"])
+    except (OSError, ValueError, KeyError):
+        return 18080
+
+
+def _pip_wheel() -> dict:
+    """The offline pip bootstrap: the pip wheel the scenario keeps on the machine."""
+    wheels = sorted(Path("/var/cache/sglang-converge/wheels").glob("pip-*.whl"))
+    return {"pip_wheel": str(wheels[-1])} if wheels else {}
 
 
 sandbox = _sandbox_hosts()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -41,18 +42,21 @@ def journal_lines(unit: str, invocation: str, count: int = 25) -> list[str]:
     return lines
 
 
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b|error:|.*: error: |No module named )")
+
+
 def explain(lines: list[str]) -> list[str]:
     """The line that explains a failure first (a traceback's last line), then context."""
     culprit = None
     for line in reversed(lines):
         stripped = line.strip()
-        if stripped and (
-            "Error" in stripped.split(":", 1)[0]
-            or stripped.startswith(("Exception", "error:", "RuntimeError", "ValueError"))
-            or ": error:" in stripped
-        ):
+        if stripped and _ERROR_LINE.match(stripped.split("] ", 1)[-1]):
             culprit = stripped
             break
+    if culprit is None:
+        noise = ("Main process exited", "Failed with result", "Scheduled restart", "Stopped ", "Started ")
+        culprit = next((line.strip() for line in reversed(lines)
+                        if line.strip() and not any(word in line for word in noise)), None)
     return ([f"cause: {culprit}"] if culprit else []) + ["journal:"] + [f"  {line}" for line in lines]
 
 

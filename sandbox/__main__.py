@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -23,6 +24,15 @@ def _cmd_up(args: argparse.Namespace) -> int:
     )
     for host in result:
         print(f"{host.name}\t{host.address}\tup\t{host.gpu_summary()}")
+    if args.scenario:
+        from . import scenario
+
+        scenario_started = time.monotonic()
+        for host in result:
+            scenario.SCENARIOS[args.scenario](host)
+        print(f"scenario {args.scenario} prepared in {time.monotonic() - scenario_started:.1f} s "
+              f"(grow the model disk: python -m sandbox grow-disk {result[0].name} "
+              f"{scenario.MODEL_DISK} {scenario.GROWN_DISK_MIB})")
     print(f"{len(result)} sandbox host(s) up in {time.monotonic() - started:.1f} s "
           f"(ssh: python -m sandbox ssh {result[0].name} -- CMD; pyinfra inventory/sandbox.py ...)")
     return 0
@@ -58,6 +68,13 @@ def _cmd_ssh(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _cmd_grow_disk(args: argparse.Namespace) -> int:
+    host = H.get_host(args.name)
+    H.grow_disk(host, args.path, args.mib)
+    print(f"{host.name}: {args.path} now {args.mib} MiB, {H.free_bytes(host, args.path)} bytes free")
+    return 0
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     rootfs.ensure_tools()
     rootfs.ensure_ssh_key()
@@ -76,7 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-cap", default=H.DEFAULT_LAYOUT["compute_cap"])
     p.add_argument("--p2p", default=H.DEFAULT_LAYOUT["p2p"], choices=["OK", "NS", "CNS", "GNS", "TNS", "U"])
     p.add_argument("--gpu-name", default=H.DEFAULT_LAYOUT["gpu_name"])
+    p.add_argument("--scenario", choices=["ct200-incident"],
+                   help="put the hosts in the state of a known incident (see sandbox/scenario.py)")
     p.set_defaults(func=_cmd_up)
+
+    p = sub.add_parser("grow-disk", help="resize a disk made by a scenario: grow-disk NAME PATH MIB")
+    p.add_argument("name")
+    p.add_argument("path")
+    p.add_argument("mib", type=int)
+    p.set_defaults(func=_cmd_grow_disk)
 
     p = sub.add_parser("down", help="remove every sandbox host (also after a crashed run)")
     p.set_defaults(func=_cmd_down)
@@ -94,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_build)
 
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: an interrupted `up` removes what it started
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return args.func(args)
     except (RuntimeError, KeyError, PermissionError, ValueError) as err:

@@ -685,7 +685,7 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
 
     layout_opts: gpus=8, gpu_mib=97887, compute_cap="12.0", p2p="OK",
     gpu_name=..., driver_version=... (default: ct200). Running hosts are
-    kept (their GPU layout is rewritten when it differs).
+    kept; their GPU layout and simulator scripts are rewritten in place.
     """
     if not 1 <= count <= MAX_HOSTS:
         raise ValueError(f"count must be 1..{MAX_HOSTS}, got {count}")
@@ -703,6 +703,7 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
         hosts: dict[int, SandboxHost] = {}
         started: list[SandboxHost] = []
         abort = threading.Event()
+        pending: int | None = None
         try:
             for index in range(1, count + 1):
                 name = host_name(index)
@@ -710,12 +711,14 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
                 entry = state["hosts"].get(name)
                 if entry and _is_running(entry):
                     host = _host_from_entry(entry)
-                    if host.gpus != _layout_summary(layout):
-                        install_guest_files(Path(host.root), name, layout)
-                        host.gpus = _layout_summary(layout)
+                    # refresh the simulator scripts and the layout (cheap, no reboot)
+                    install_guest_files(Path(host.root), name, layout)
+                    host.gpus = _layout_summary(layout)
                     hosts[index] = host
                     continue
+                pending = index
                 host = _start_guest(index, base, layout)
+                pending = None
                 hosts[index] = host
                 started.append(host)
                 state["hosts"][name] = asdict(host)
@@ -741,6 +744,8 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
             for host in started:
                 _teardown(host.name, host.index, pids=[host.nspawn_pid])
                 state["hosts"].pop(host.name, None)
+            if pending is not None:  # interrupted while setting it up
+                _teardown(host_name(pending), pending, pids=[])
             _write_state(state)
             if not state["hosts"]:
                 _cleanup_globals()
@@ -748,6 +753,10 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
         for index, host in hosts.items():
             state["hosts"][host.name] = asdict(host)
         _write_state(state)
+        # the Hub stand-in listens on the machine side of every guest's veth
+        from sandbox import hubd
+
+        hubd.start(sorted(e["machine_address"] for e in state["hosts"].values()))
     return [hosts[i] for i in sorted(hosts)]
 
 
@@ -873,6 +882,9 @@ def _cleanup_globals() -> None:
 
 def down() -> list[str]:
     """Remove every sandbox guest and all it used; returns the names removed."""
+    from sandbox import hubd
+
+    hubd.stop()
     with _state_lock():
         state = _read_state()
         names = _scan_names()

@@ -729,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--size-mb", type=int, default=40, help="size of the generated model")
     s.add_argument("--shards", type=int, default=3)
     s.add_argument("--format", dest="quant_format", default="nvfp4-pack-quantized")
+    s.add_argument("--commit", help="serve the model at this 40-hex revision (default: derived from content)")
     s.add_argument("--model-type", default="deepseek_v3", choices=["deepseek_v3", "kimi_k2"])
     s.add_argument("--model-dir", type=Path, help="where to generate the model (default: a temp dir)")
     s.add_argument("--serve-dir", type=Path, help="serve this existing directory instead of generating")
@@ -760,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
             args.quant_format,
             model_type=args.model_type,
             repo_name=args.repo,
+            commit=args.commit,
         )
         print(f"generated {info.total_bytes} bytes in {time.monotonic() - t0:.2f}s at {model_dir}", flush=True)
 

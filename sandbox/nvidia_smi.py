@@ -79,11 +79,7 @@ GPU_ALIASES = {
     "gpu_serial": "serial",
     "gpu_uuid": "uuid",
     "gpu_bus_id": "pci.bus_id",
-    "pci.sub_device_id": "pci.device_id",
-    "memory.reserved": "memory.reserved",
     "compute_capability": "compute_cap",
-    "utilization.gpu": "utilization.gpu",
-    "temperature.gpu": "temperature.gpu",
 }
 
 # --query-compute-apps: canonical name -> (unit, getter(holding, gpu))
@@ -269,26 +265,28 @@ def summary(layout: dict) -> str:
     rows = [
         time.strftime("%a %b %d %H:%M:%S %Y"),
         bar,
-        "| NVIDIA-SMI {0:<22}Driver Version: {0:<16}CUDA Version: {1:<14}|".format(
-            layout.get("driver_version", "?"), layout.get("cuda_version", "?")
+        "| {:<88}|".format(
+            "NVIDIA-SMI {0:<20} Driver Version: {0:<14} CUDA Version: {1}".format(
+                layout.get("driver_version", "?"), layout.get("cuda_version", "?")
+            )
         ),
         "| {:<88}|".format("SIMULATED GPUs (sglang-converge sandbox): no real device, state from gpusim"),
         bar.replace("-", "="),
     ]
     for g in layout["gpus"]:
         mem = f"{used.get(g['index'], 0)}MiB / {g['memory_total_mib']}MiB"
-        rows.append("| {:>3}  {:<46} {:>16}  {:<19}|".format(g["index"], g["name"][:46], g["pci_bus_id"][4:], mem))
+        rows.append("| {:<88}|".format(f"{g['index']:>3}  {g['name'][:46]:<46} {g['pci_bus_id'][4:]:>16}  {mem}"))
     rows.append(bar)
     rows.append("")
     rows.append(bar)
     rows.append("| {:<88}|".format("Processes:"))
-    rows.append("|  {:<5}{:<10}{:<55}{:>17} |".format("GPU", "PID", "Process name", "GPU Memory Usage"))
+    rows.append("|  {:<5}{:<10}{:<54}{:>17} |".format("GPU", "PID", "Process name", "GPU Memory Usage"))
     rows.append(bar.replace("-", "="))
     holdings = sorted(gpusim.live_holdings(), key=lambda h: (h.gpu_index, h.pid))
     if not holdings:
         rows.append("| {:<88}|".format(" No running processes found"))
     for h in holdings:
-        rows.append("|  {:<5}{:<10}{:<55}{:>17} |".format(h.gpu_index, h.pid, h.name[:54], f"{h.used_mib}MiB"))
+        rows.append("|  {:<5}{:<10}{:<54}{:>17} |".format(h.gpu_index, h.pid, h.name[:53], f"{h.used_mib}MiB"))
     rows.append(bar)
     return "\n".join(rows) + "\n"
 
@@ -330,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(__doc__ or "")
                 return 0
             else:
-                raise UsageError(f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n", 2)
+                raise UsageError("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n", 2)
         layout = _load()
         if query_gpu_spec is not None:
             sys.stdout.write(query_gpu(layout, query_gpu_spec, fmt, ids))

@@ -47,6 +47,7 @@ HOST_TOOLS = {
     "iptables": "iptables",
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
+    "ip": "iproute2",
 }
 
 SSHD_CONFIG = """\

@@ -21,8 +21,14 @@ GB = 1000**3
 
 
 def gb(nbytes: int | float) -> str:
-    """Bytes as GB with two decimals (decimal GB, like disk vendors and the Hub)."""
-    return f"{nbytes / GB:.2f} GB"
+    """Bytes as decimal GB (like disk vendors and the Hub); small sizes also in MB.
+
+    >>> gb(595_000_000_000), gb(41_943_040)
+    ('595.00 GB', '0.042 GB (41.9 MB)')
+    """
+    if abs(nbytes) >= GB:
+        return f"{nbytes / GB:.2f} GB"
+    return f"{nbytes / GB:.3f} GB ({nbytes / 1e6:.1f} MB)"
 
 
 def preparing() -> bool:
@@ -74,7 +80,7 @@ def _stream(state, host, command: str, timeout: int | None) -> bool:
         StringCommand(command),
         print_output=True,
         print_input=False,
-        timeout=timeout,
+        _timeout=timeout,
     )
     return ok
 

@@ -93,6 +93,10 @@ class ModelDirState(FactBase[ModelDir]):
         state.marker["revision"] if state.marker else None
     """
 
+    @staticmethod
+    def default() -> ModelDir:
+        return ModelDir(marker=None, files={}, partial_bytes=0)
+
     def command(self, path: str) -> StringCommand:
         return StringCommand(
             "set --",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason=reason)
     for item in items:
-        if "sandbox" in item.keywords:
+        if item.get_closest_marker("sandbox") is not None:
             item.add_marker(skip)
 
 
@@ -62,6 +63,9 @@ def sandbox_hosts():
         pytest.skip(reason)
     from sandbox import hosts as sandbox_api
 
+    # a SIGTERM'd test run still tears the sandbox down (pytest handles KeyboardInterrupt)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     hosts = SandboxHosts()
     hosts.netns_before = netns_names()
     atexit.register(sandbox_api.down)  # backstop if the process dies oddly; down() is idempotent
