@@ -6,7 +6,7 @@ APT_TOOLS := systemd-container mmdebstrap iptables openssh-client
 HOSTS ?= 1
 KEEP ?= 0
 
-.PHONY: setup test unit demo bench up down status clean
+.PHONY: setup test test-venvs unit demo bench up down status clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,27 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed .apt-tools
 
+# Venvs the stand-in's unit tests run under: SGLang's real parser (sglang
+# without its CUDA deps, beside the machine's CPU torch) and compressed-tensors 0.8.1.
+PARSER_DEPS := msgspec==0.23.0 numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 \
+	requests==2.34.2 packaging==26.4 pillow==13.0.0 zstandard==0.25.0 starlette==1.10.0 \
+	pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 aiohttp==3.14.5 pyyaml==6.0.4 triton==3.9.0
+.sandbox/sglang-venv/.installed:
+	$(PYTHON) -m venv .sandbox/sglang-venv
+	.sandbox/sglang-venv/bin/pip install -q torch==2.13.0
+	.sandbox/sglang-venv/bin/pip install -q --no-deps sglang==0.5.23
+	.sandbox/sglang-venv/bin/pip install -q $(PARSER_DEPS)
+	touch $@
+
+.sandbox/ct-venv/.installed:
+	$(PYTHON) -m venv .sandbox/ct-venv
+	.sandbox/ct-venv/bin/pip install -q torch==2.13.0 compressed-tensors==0.8.1
+	touch $@
+
+test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed
+
 ## make test: unit tests (facts, operations, spec, stand-ins) + sandbox integration tests
-test: setup
+test: setup test-venvs
 	$(PY) -m pytest -q
 
 unit: $(VENV)/.installed
@@ -34,7 +53,7 @@ unit: $(VENV)/.installed
 
 ## make demo: boot a sandbox GPU host and converge it (KEEP=1 leaves it running)
 demo: setup
-	$(PY) -m demo --hosts $(HOSTS) $(if $(filter 1,$(KEEP)),--keep,)
+	$(PY) -m sandbox.demo $(if $(filter 1,$(KEEP)),--keep,)
 
 bench: setup
 	$(PY) -m bench

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the deploy prints its own progress
     if args.endpoint:
         os.environ["HF_ENDPOINT"] = args.endpoint
     from huggingface_hub import HfApi, snapshot_download

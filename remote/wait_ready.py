@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         now = time.monotonic()
         state = unit_state(args.unit)
         active = state.get("ActiveState")
-        if active in ("failed", "inactive", "deactivating") or state.get("NRestarts", "0") != restarts or (
+        if active in ("failed", "inactive", "deactivating") or state.get("SubState") == "auto-restart" \
+                or state.get("NRestarts", "0") != restarts or (
             invocation and state.get("InvocationID") not in ("", invocation)
         ):
             print(f"FAILED: {args.unit} is {active}/{state.get('SubState')} "

@@ -680,7 +680,7 @@ def _is_running(entry: dict) -> bool:
     return pid > 0 and _alive(pid) and _is_our_nspawn(pid, entry["name"])
 
 
-def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
+def up(count: int = 1, indexes: list[int] | None = None, **layout_opts) -> list[SandboxHost]:
     """Ensure sandbox hosts sgc1..sgc<count> run; returns them in index order.
 
     layout_opts: gpus=8, gpu_mib=97887, compute_cap="12.0", p2p="OK",
@@ -705,7 +705,7 @@ def up(count: int = 1, **layout_opts) -> list[SandboxHost]:
         abort = threading.Event()
         pending: int | None = None
         try:
-            for index in range(1, count + 1):
+            for index in indexes or range(1, count + 1):
                 name = host_name(index)
                 layout = _layout_for(index, opts)
                 entry = state["hosts"].get(name)
@@ -878,6 +878,24 @@ def _cleanup_globals() -> None:
         marker.unlink()
     if VAR_DIR.is_dir() and not any(VAR_DIR.iterdir()):
         VAR_DIR.rmdir()
+
+
+def remove(name: str) -> None:
+    """Stop one sandbox host and remove all it used (the others keep running)."""
+    with _state_lock():
+        state = _read_state()
+        entry = state["hosts"].pop(name, None)
+        index = int(entry["index"]) if entry else _index_of(name)
+        _teardown(name, index, [int(entry.get("nspawn_pid") or 0)] if entry else [])
+        _write_state(state)
+        if not state["hosts"]:
+            _cleanup_globals()
+    from sandbox import hubd
+
+    if state["hosts"]:
+        hubd.start(sorted(e["machine_address"] for e in state["hosts"].values()))
+    else:
+        hubd.stop()
 
 
 def down() -> list[str]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from io import StringIO
 
+from tasks._facts import FactValue
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 @dataclass(frozen=True)
-class DiskSpace:
+class DiskSpace(FactValue):
     path: str  # the nearest existing parent that was measured
     mount: str
     free_bytes: int
@@ -77,7 +78,7 @@ LOCAL_FETCH_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "fetch_
 
 
 @dataclass(frozen=True)
-class ModelDir:
+class ModelDir(FactValue):
     marker: dict | None  # what the last verified download recorded
     files: dict[str, int]  # relative path -> size, outside .cache/
     partial_bytes: int  # bytes in huggingface_hub's *.incomplete files

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tasks._facts import FactValue
 from pyinfra.api import FactBase
 
 GPU_QUERY_FIELDS = (
@@ -25,7 +26,7 @@ GPU_QUERY_FIELDS = (
 
 
 @dataclass(frozen=True)
-class Gpu:
+class Gpu(FactValue):
     index: int
     uuid: str
     name: str
@@ -74,7 +75,7 @@ class NvidiaGpus(FactBase[list[Gpu]]):
 
 
 @dataclass(frozen=True)
-class P2PMatrix:
+class P2PMatrix(FactValue):
     gpus: list[int]
     # status[i][j] as nvidia-smi prints it: "X" (self), "OK", "NS", "CNS", ...
     status: list[list[str]]
@@ -133,7 +134,7 @@ from tasks.stale_gpu import unit_from_cgroup  # noqa: E402
 
 
 @dataclass(frozen=True)
-class PortHolder:
+class PortHolder(FactValue):
     pid: int
     process_name: str
     unit: str | None

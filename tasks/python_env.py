@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tasks._facts import FactValue
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 # Runs with the venv's own python: one process, no pip needed.
@@ -48,7 +49,7 @@ print(json.dumps(out, sort_keys=True))
 
 
 @dataclass(frozen=True)
-class Venv:
+class Venv(FactValue):
     exists: bool
     python_version: str | None = None
     pip_version: str | None = None  # None: the venv has no pip (e.g. made by uv)

@@ -22,6 +22,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pyinfra import host, logger
+from tasks._facts import FactValue
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
 from tasks._common import fail_command, plan
@@ -62,8 +63,20 @@ print(json.dumps(out, sort_keys=True))
 """
 
 
+_EXACT_PINS_PY = """
+import importlib.metadata as md, json, re, sys
+wanted = {re.sub(r"[-_.]+", "-", name).lower() for name in sys.argv[1:]}
+out = {}
+for dist in md.distributions():
+    name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+    if name in wanted:
+        out[name] = [req for req in dist.requires or [] if "==" in req and ";" not in req]
+print(json.dumps(out, sort_keys=True))
+"""
+
+
 @dataclass(frozen=True)
-class CompressedTensors:
+class CompressedTensors(FactValue):
     version: str | None
     members: list[str]  # CompressionFormat member names, e.g. "nvfp4_pack_quantized"
 
@@ -108,6 +121,50 @@ class CompressedTensorsRequirers(FactBase[dict[str, list[str]]]):
 
     def process(self, output) -> dict[str, list[str]]:
         return json.loads([line for line in output if line.strip()][-1])
+
+
+class ExactPins(FactBase[dict[str, list[str]]]):
+    """
+    The exact (==) requirements, without markers, of some installed distributions.
+
+    .. code:: python
+
+        host.get_fact(ExactPins, path="/opt/sglang/venv", packages=["sglang"])
+        # {"sglang": ["transformers==5.19.0", "compressed-tensors==0.18.0", ...]}
+    """
+
+    def command(self, path: str, packages: list[str]) -> StringCommand:
+        python = venv_python(path)
+        return StringCommand("if [ -x", QuoteString(python), "]; then", QuoteString(python), "-c",
+                             QuoteString(_EXACT_PINS_PY), *[QuoteString(name) for name in packages],
+                             "; else echo '{}'; fi")
+
+    def process(self, output) -> dict[str, list[str]]:
+        return json.loads([line for line in output if line.strip()][-1])
+
+
+def hold_constraints(held: dict[str, str], pins: dict[str, list[str]]) -> list[str]:
+    """Constraint lines: the held packages at their installed versions, and the
+    exact pins those packages declare on others (an upgrade of compressed-tensors
+    must not drag transformers past the version sglang pins).
+
+    >>> hold_constraints({"sglang": "0.5.23", "torch": "2.13.0+cpu"},
+    ...                  {"sglang": ["torch==2.14.1", "transformers==5.19.0", "compressed-tensors==0.18.0"]})
+    ['sglang==0.5.23', 'torch==2.13.0+cpu', 'transformers==5.19.0']
+    """
+    lines = [f"{name}=={version}" for name, version in sorted(held.items())]
+    pinned = {canonicalize_name(name) for name in held} | {PACKAGE}
+    for owner in sorted(pins):
+        for text in pins[owner]:
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            name = canonicalize_name(requirement.name)
+            if name not in pinned:
+                pinned.add(name)
+                lines.append(f"{requirement.name}{requirement.specifier}")
+    return lines
 
 
 class ModelConfig(FactBase[dict | None]):
@@ -211,15 +268,16 @@ def _run(host, command: str):
     return host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
 
 
-def _upgrade(state, host, venv: str, requirement: str, hold: dict[str, str], allow: list[str], need: str) -> bool:
+def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[str], allow: list[str],
+             need: str) -> bool:
     python = shlex.quote(venv_python(venv))
     pip = f"{python} -m pip --disable-pip-version-check"
     constraints = f"{CACHE_DIR}/hold-constraints.txt"
     _ok, before = _run(host, f"{pip} check 2>&1")
-    hold_lines = "\\n".join(f"{name}=={version}" for name, version in sorted(hold.items()))
-    ok, out = _run(host, f"install -d -m 755 {CACHE_DIR} && printf '{hold_lines}\\n' > {constraints}")
-    held = ", ".join(f"{name} {version}" for name, version in sorted(hold.items())) or "nothing"
-    host.log(f"quant deps: pip install {requirement} (holding {held})", logger.warning)
+    text = shlex.quote("".join(line + "\n" for line in constraints_lines))
+    ok, out = _run(host, f"install -d -m 755 {CACHE_DIR} && printf %s {text} > {constraints}")
+    held = ", ".join(constraints_lines) or "nothing"
+    host.log(f"quant deps: pip install {requirement} (constraints: {held})", logger.warning)
     ok, out = _run(host, f"{pip} install --upgrade -c {constraints} {shlex.quote(requirement)} 2>&1")
     if not ok:
         tail = [line for line in out.stdout_lines if line.strip()][-6:]
@@ -298,12 +356,16 @@ def compression_format_supported(spec):
         for name in spec.compressed_tensors_hold
         if canonicalize_name(name) in packages
     }
+    constraints_lines = hold_constraints(hold, host.get_fact(ExactPins, path=spec.venv_path,
+                                                             packages=sorted(hold)))
     tolerated = f"; will conflict, allowed: {'; '.join(upgrade.tolerated)}" if upgrade.tolerated else ""
     plan(f"{have} lacks {', '.join(missing) or 'everything'}: install {upgrade.requirement}, "
-         f"holding {', '.join(f'{k} {v}' for k, v in sorted(hold.items())) or 'nothing'}{tolerated}")
+         f"holding {', '.join(f'{k} {v}' for k, v in sorted(hold.items())) or 'nothing'}"
+         f" and their exact pins{tolerated}")
     yield FunctionCommand(
         _upgrade,
-        (spec.venv_path, upgrade.requirement, hold, list(spec.compressed_tensors_allow_conflicts), need),
+        (spec.venv_path, upgrade.requirement, constraints_lines, list(spec.compressed_tensors_allow_conflicts),
+         need),
         {},
     )
 

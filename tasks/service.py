@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tasks._facts import FactValue
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 _UNIT_PROPERTIES = (
@@ -25,7 +26,7 @@ _UNIT_PROPERTIES = (
 
 
 @dataclass(frozen=True)
-class UnitState:
+class UnitState(FactValue):
     load_state: str  # "loaded" or "not-found"
     active_state: str  # "active", "activating", "failed", "inactive", ...
     sub_state: str
@@ -270,7 +271,8 @@ def server_args_accepted(spec, rendered: Rendered):
     argv = list(spec.server_argv[3:])  # after "python -m module"
     staged = None
     if "--config" in argv:
-        staged = spec.options_path + ".sgc-check"
+        # SGLang wants a .yaml suffix on --config files
+        staged = spec.options_path.removesuffix(".yaml") + ".sgc-check.yaml"
         argv[argv.index("--config") + 1] = staged
         yield StringCommand("install -d -m 755", QuoteString(spec.options_path.rsplit("/", 1)[0]))
         yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(staged))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tasks._facts import FactValue
 from pyinfra.api import FactBase
 
 _UNIT_RE = re.compile(r"[^/]+\.(?:service|scope)$")
 
 
 @dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(FactValue):
     pid: int
     process_name: str
     used_mib: int
@@ -105,7 +106,7 @@ MIB = 1024 * 1024
 
 
 def gpu_gb(mib: int) -> str:
-    return f"{mib * MIB / 1e9:.2f} GB"
+    return f"{mib} MiB"
 
 
 def stale_processes(processes: list[GpuProcess], uuid_to_index: dict[str, int], gpu_ids, own_unit: str):

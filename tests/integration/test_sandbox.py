@@ -49,7 +49,7 @@ def test_state_file_and_inventory(sandbox_hosts):
     assert data["ssh_hostname"] == "10.77.1.2"
     assert data["ssh_user"] == "root"
     assert Path(data["ssh_key"]).exists()
-    assert all(key.startswith("ssh_") for key in data)
+    assert all(key.startswith("ssh_") or key in ("hf_endpoint", "pip_wheel") for key in data)
 
 
 def test_up_is_idempotent(sandbox_hosts):

@@ -1,0 +1,100 @@
+"""`make demo`: the reference incident, converged on a local sandbox host.
+
+A sandbox host is put in the state ct200 was in (uv venv without pip, no
+ensurepip, compressed-tensors 0.8.1 pinned by a vllm-like package, another
+service holding 55 GB on GPU 0, the model disk too small); then the operator's
+commands, with their real output:
+
+    pyinfra inventory/sandbox.py deploy.py --dry --diff    # the plan
+    pyinfra -y inventory/sandbox.py deploy.py              # run 1: refused at the disk check
+    python -m sandbox grow-disk sgc1 /srv/models 256       # the operator grows the disk
+    pyinfra -y inventory/sandbox.py deploy.py              # run 2: converges
+    pyinfra -y inventory/sandbox.py deploy.py              # run 3: no change
+
+GPUs, the model and the Hub are simulated (the output says so); ssh, systemd,
+venvs, pip, compressed-tensors and SGLang's argument parser are real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+
+from sandbox import hosts as sandbox_api
+from sandbox import scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+console = Console(highlight=False)
+
+
+def step(title: str) -> None:
+    console.rule(f"[bold]{title}")
+
+
+def run(argv: list[str], ok_codes=(0,)) -> float:
+    console.print(f"[bold cyan]$ {' '.join(argv)}")
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT)
+    elapsed = time.monotonic() - started
+    console.print(f"[dim](exit {proc.returncode}, {elapsed:.1f} s)")
+    if proc.returncode not in ok_codes:
+        raise SystemExit(f"demo: unexpected exit {proc.returncode} from {' '.join(argv)}")
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandbox.demo", description=__doc__)
+    parser.add_argument("--keep", action="store_true", help="leave the sandbox host running")
+    args = parser.parse_args(argv)
+    pyinfra = [sys.executable, "-m", "pyinfra"]
+    timings = {}
+    try:
+        step("1. a sandbox GPU host in the state of the ct200 incident (GPUs SIMULATED)")
+        host = sandbox_api.up(1)[0]
+        scenario.ct200_incident(host, log=lambda line: console.print(f"  {line}"))
+        console.print(host.run("nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv").stdout)
+        console.print(host.run(f"df -h {scenario.MODEL_DISK}").stdout)
+
+        step("2. the plan: what the deploy would change (nothing is touched)")
+        run([*pyinfra, "inventory/sandbox.py", "deploy.py", "--dry", "--diff"])
+
+        step("3. run 1: refused at the disk check, before downloading anything")
+        timings["run 1"] = run([*pyinfra, "-y", "inventory/sandbox.py", "deploy.py"], ok_codes=(1,))
+
+        step("4. the operator grows the model disk")
+        sandbox_api.grow_disk(host, scenario.MODEL_DISK, scenario.GROWN_DISK_MIB)
+        console.print(host.run(f"df -h {scenario.MODEL_DISK}").stdout)
+
+        step("5. run 2: converge (pip, model, compressed-tensors, stale GPU process, unit, readiness)")
+        timings["run 2"] = run([*pyinfra, "-y", "inventory/sandbox.py", "deploy.py"])
+
+        step("6. run 3: the same deploy again changes nothing and restarts nothing")
+        timings["run 3"] = run([*pyinfra, "-y", "inventory/sandbox.py", "deploy.py"])
+
+        step("7. the server answers (SIMULATED SGLang stand-in, real HTTP)")
+        request = urllib.request.Request(
+            f"http://{host.address}:30000/v1/chat/completions",
+            data=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            console.print(json.loads(response.read())["choices"][0]["message"])
+        console.print("timings: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in timings.items()))
+    finally:
+        if not args.keep:
+            step("cleanup: python -m sandbox down")
+            sandbox_api.down()
+        else:
+            console.print("kept running: python -m sandbox status / python -m sandbox down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

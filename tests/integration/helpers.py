@@ -1,0 +1,62 @@
+"""Helpers for integration tests: run pyinfra against one sandbox host, read its summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pyinfra(*args: str, limit: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`pyinfra -y --limit HOST inventory/sandbox.py ARGS` from the project root; output in .out."""
+    # --dry must not get -y: pyinfra then skips change detection, which prints the plan
+    yes = [] if "--dry" in args else ["-y"]
+    argv = [sys.executable, "-m", "pyinfra", *yes, "--limit", limit, "inventory/sandbox.py", *args]
+    proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+    proc.out = proc.stdout + proc.stderr  # type: ignore[attr-defined]
+    return proc
+
+
+def grand_total(output: str) -> tuple[int, int, int]:
+    """(success, error, no change) from pyinfra's results table."""
+    match = re.search(r"Grand total\s+\d+\s+(\S+)\s+(\S+)\s+(\S+)", output)
+    assert match, output[-3000:]
+    return tuple(0 if value == "-" else int(value) for value in match.groups())  # type: ignore[return-value]
+
+
+def facts(limit: str, *fact_args: str) -> dict[str, object]:
+    """Gather facts over ssh with `pyinfra INVENTORY fact ...`: {fact name: value for the host}."""
+    proc = subprocess.run([sys.executable, "-m", "pyinfra", "--limit", limit, "inventory/sandbox.py", "fact",
+                           *fact_args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    result = {}
+    for block in out.split("--> Fact data for: ")[1:]:
+        name, _, rest = block.partition("\n")
+        body = rest[: rest.index("\n}") + 2]
+        result[name.split()[0]] = json.loads(body)[limit]
+    return result
+
+
+def unit_props(host, unit: str) -> dict[str, str]:
+    out = host.run(f"systemctl show {unit} --property=MainPID,NRestarts,ActiveState,ExecMainStartTimestampMonotonic").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def boot_extra_host(index: int):
+    """One more sandbox host beside the session's (sgc<index>), fresh; remove with remove_host."""
+    from sandbox import hosts as sandbox_api
+
+    return sandbox_api.up(indexes=[index])[0]
+
+
+def remove_host(host) -> None:
+    from sandbox import hosts as sandbox_api
+
+    sandbox_api.remove(host.name)

@@ -1,0 +1,146 @@
+"""The reference incident (DESIGN.md) as the acceptance test, on a sandbox host
+prepared by `python -m sandbox up --scenario ct200-incident`:
+
+run 1 stops at the disk check before touching anything; after the disk is
+grown, run 2 converges (pip bootstrapped offline, model downloaded and
+verified, compressed-tensors upgraded past the allowed vllm-like pin, the other
+service stopped, server ready); run 3 changes nothing and restarts nothing; a
+typo in an extra server arg stops at SGLang's parser with the server still up;
+an API key reaches the server only through the root-only options file.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox import hosts as sandbox_api
+from sandbox import scenario
+from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host, unit_props
+
+pytestmark = pytest.mark.sandbox
+
+API_KEY = "sk-sandbox-test-9f8e7d6c5b4a"
+TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def incident(sandbox_hosts):
+    host = boot_extra_host(3)
+    try:
+        scenario.ct200_incident(host, log=lambda line: None)
+        yield host
+    finally:
+        remove_host(host)
+        print("\nacceptance story timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
+
+
+def timed(name, *args, **kwargs):
+    started = time.monotonic()
+    proc = pyinfra(*args, **kwargs)
+    TIMINGS[name] = time.monotonic() - started
+    return proc
+
+
+def test_run1_stops_at_the_disk_check_before_touching_anything(incident):
+    proc = timed("run 1", "deploy.py", limit=incident.name)
+    assert proc.returncode != 0, proc.out
+    assert "preflight: not enough disk for sandbox/tiny-nvfp4@0123456789ab: need 0.039 GB" in proc.out, proc.out
+    assert "/srv/models has 0.021 GB (21.0 MB) free and 0.005 GB (5.0 MB) must stay free" in proc.out
+    assert "Starting operation: Python environment" not in proc.out  # stopped before any change
+    # the host is exactly as the scenario left it
+    assert incident.run("/opt/sglang/venv/bin/python -m pip --version", check=False).returncode != 0
+    assert incident.run("ls -A /srv/models").stdout.strip() == ""
+    assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "active"
+    assert incident.run("test -e /etc/systemd/system/sglang.service", check=False).returncode != 0
+
+
+def test_dry_run_plans_the_whole_fix_and_changes_nothing(incident):
+    sandbox_api.grow_disk(incident, scenario.MODEL_DISK, scenario.GROWN_DISK_MIB)
+    proc = pyinfra("deploy.py", "--dry", "--diff", limit=incident.name)
+    out = proc.out
+    assert "plan: bootstrap pip in /opt/sglang/venv from the uploaded pip-" in out, out
+    assert "plan: download sandbox/tiny-nvfp4@0123456789ab into /srv/models/tiny: 0.039 GB" in out
+    assert "plan: compressed-tensors 0.8.1 lacks nvfp4_pack_quantized" in out
+    assert "will conflict, allowed: vllm-stub requires compressed-tensors==0.8.1" in out
+    assert "(python3 of embedder.service) holds 56320 MiB on GPU 0 -> systemctl stop embedder.service" in out
+    assert "+ExecStart=/opt/sglang/venv/bin/python -m sglang_standin --model-path /srv/models/tiny" in out
+    assert "plan: start sglang.service" in out
+    assert incident.run("ls -A /srv/models").stdout.strip() == ""
+    assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "active"
+
+
+def test_run2_converges_the_incident_host(incident):
+    proc = timed("run 2", "deploy.py", limit=incident.name)
+    out = proc.out
+    assert proc.returncode == 0, out
+    assert "model: verified 10 files" in out
+    assert "quant deps: WARNING: vllm-stub 0.6.5 has requirement compressed-tensors==0.8.1" in out
+    assert "stale GPU processes: systemctl stop embedder.service" in out
+    assert "ready: sglang.service serves tiny at http://127.0.0.1:30000" in out
+    # pip bootstrapped the offline way, in the uv-made venv
+    assert incident.run("/opt/sglang/venv/bin/python -m pip --version").stdout.startswith("pip ")
+    assert "uv =" in incident.run("cat /opt/sglang/venv/pyvenv.cfg").stdout
+    members = incident.run(
+        "/opt/sglang/venv/bin/python -c 'from compressed_tensors.config import CompressionFormat as F;"
+        " print(F.nvfp4_pack_quantized.value)'"
+    ).stdout
+    assert members.strip() == "nvfp4-pack-quantized"
+    assert incident.run("/opt/sglang/venv/bin/python -c 'import torch; print(torch.__version__)'").stdout.strip() == "2.13.0+cpu"
+    marker = json.loads(incident.run("cat /srv/models/tiny/.sglang-converge.json").stdout)
+    assert marker["revision"] == "0123456789abcdef0123456789abcdef01234567"
+    assert incident.run("find /srv/models -name '*.incomplete'").stdout.strip() == ""
+    assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "inactive"
+    apps = incident.run("nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader").stdout
+    main_pid = unit_props(incident, "sglang.service")["MainPID"]
+    assert [line.split(",")[0] for line in apps.splitlines()] == [main_pid] * 8
+    assert '"id":"tiny"' in incident.run("curl -s http://127.0.0.1:30000/v1/models").stdout.replace(" ", "")
+
+
+def test_run3_changes_nothing_and_restarts_nothing(incident):
+    before = unit_props(incident, "sglang.service")
+    proc = timed("run 3 (no-op)", "deploy.py", limit=incident.name)
+    assert proc.returncode == 0, proc.out
+    success, error, no_change = grand_total(proc.out)
+    assert (success, error) == (0, 0), proc.out
+    assert no_change >= 10
+    assert unit_props(incident, "sglang.service") == before
+
+
+def test_typo_in_extra_args_stops_at_the_parser_and_the_server_keeps_serving(incident, tmp_path):
+    before = unit_props(incident, "sglang.service")
+    unit_before = incident.run("cat /etc/systemd/system/sglang.service").stdout
+    (tmp_path / "sandbox.py").write_text('extra_server_args = ["--mem-fraction-statc", "0.8"]\n')
+    proc = timed("typo run", "deploy.py", "--group-data", str(tmp_path), limit=incident.name)
+    assert proc.returncode != 0, proc.out
+    assert "SGLang's parser rejects the new command line" in proc.out
+    assert "unrecognized arguments: --mem-fraction-statc 0.8" in proc.out
+    assert unit_props(incident, "sglang.service") == before
+    assert incident.run("cat /etc/systemd/system/sglang.service").stdout == unit_before
+    assert incident.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
+
+
+def test_api_key_only_in_the_root_only_options_file(incident):
+    env = {"SGLANG_API_KEY": API_KEY}
+    dry = pyinfra("deploy.py", "--dry", "--diff", limit=incident.name, env=env)
+    assert "+api-key: ********" in dry.out.replace('"', ""), dry.out
+    assert API_KEY not in dry.out
+    proc = timed("api key run", "deploy.py", limit=incident.name, env=env)
+    assert proc.returncode == 0, proc.out
+    assert "restart sglang.service: unit file changed; options file changed" in proc.out
+    assert API_KEY not in proc.out
+    assert incident.run("stat -c '%a %U' /etc/sglang/sglang.yaml").stdout.strip() == "600 root"
+    assert incident.run("stat -c '%a %U' /etc/sglang/sglang.env").stdout.strip() == "600 root"
+    pattern = f"'{API_KEY[:-1]}[{API_KEY[-1]}]'"  # a regex that does not contain the key itself
+    leaks = incident.run(
+        f"grep -l {pattern} /proc/[0-9]*/cmdline /etc/systemd/system/sglang.service /etc/sglang/sglang.env"
+        f" 2>/dev/null; journalctl --no-pager | grep -c {pattern}; true"
+    ).stdout.split()
+    assert leaks == ["0"], leaks
+    url = "http://127.0.0.1:30000/v1/models"
+    assert incident.run(f"curl -s -o /dev/null -w '%{{http_code}}' {url}").stdout == "401"
+    authorized = incident.run(f"curl -s -H @- {url}", input=f"Authorization: Bearer {API_KEY}\n").stdout
+    assert '"tiny"' in authorized
+    again = pyinfra("deploy.py", limit=incident.name, env=env)
+    assert grand_total(again.out)[:2] == (0, 0), again.out
