@@ -53,4 +53,13 @@ protect_process_names = []  # process names never signalled
 nnodes = 1                # number of nodes in the TP group
 node_rank = 0             # this host's rank, 0..nnodes-1
 dist_init_addr = None     # "host:port" of rank 0, required when nnodes > 1
+node_group = None         # or, once for the whole group (its group data): {"hosts": [rank 0, rank 1, ...],
+                          #   "dist_init_port": 20000, "dist_init_host": None, "name": None}; derives the 3 above
 packages_no_deps = []     # pinned requirements installed with --no-deps (sglang beside a CPU torch in the sandbox)
+
+# --- fleets (python -m rollout; SGLang's router: group_data/routers.py, tasks/router.py)
+role = "server"           # "server" (this pipeline) or "router" (SGLang's router host, group_data/routers.py)
+router_url = None         # URL of the router this server registers with (POST /workers), e.g. "http://10.0.0.9:30000"
+worker_url = None         # URL at which that router reaches this server (required with router_url)
+drain_timeout_s = 600     # seconds a server taken out of its router may take to finish its requests
+min_driver_version = None  # lowest NVIDIA driver the fleet preflight accepts, e.g. "570.86"

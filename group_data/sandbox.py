@@ -13,7 +13,7 @@ size_margin_gb = 0.005       # 5 MB: the model is ~40 MB, its disk a few tens of
 # and the light packages its server_args module imports.
 packages = [
     "torch==2.13.0",
-    "huggingface_hub==2.4.0",
+    "huggingface_hub==1.33.0",  # what transformers 5.19.0 (pinned by sglang 0.5.23) accepts
     "pyyaml==6.0.4",
     "msgspec==0.23.0",
     "numpy==2.4.6",

@@ -51,8 +51,8 @@ def _sandbox_hosts() -> list[tuple[str, dict]]:
                     "ssh_allow_agent": False,
                     "ssh_look_for_keys": False,
                     "ssh_connect_retries": 2,
-                    # the sandbox's Hub stand-in, on the machine side of this host's veth
-                    "hf_endpoint": f"http://{e['machine_address']}:{_hub_port()}",
+                    # the sandbox's Hub stand-in (sandbox/hubd.py), reached through the guest's gateway
+                    "hf_endpoint": f"http://10.77.0.1:{_hub_port()}",
                     **_pip_wheel(),
                 },
             )

@@ -7,6 +7,18 @@ restarting, printing the unit's journal lines, the traceback's last line first.
 
     python3 wait_ready.py --unit sglang.service --url http://127.0.0.1:30000 \
         --served-name kimi-k2.6 --options-file /etc/sglang/sglang.yaml --timeout 3600
+
+Multi-node groups (tasks/multinode.py) call it in slices, so the controller
+can stop every rank's wait as soon as one rank fails:
+
+    --slice 1      give up after 1 s without a verdict: print "pending: ..." and
+                   exit 3 (the first slice also prints "baseline: INVOCATION:NRESTARTS")
+    --baseline B   the unit's InvocationID:NRestarts when the wait began
+    --elapsed E    seconds already waited in earlier slices (messages, --timeout)
+    --progress     end a pending slice with a "waiting: ..." line (GPU memory too)
+    --watch        ranks >= 1: no HTTP check, only "the unit stays active"
+
+Exit status: 0 ready, 1 failed, 3 no verdict yet (--slice).
 """
 
 from __future__ import annotations
@@ -100,23 +112,39 @@ def gpu_memory() -> str:
     return "GPU MiB used: " + " ".join(used) if used else ""
 
 
+PENDING = 3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--unit", required=True)
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--served-name", required=True)
+    parser.add_argument("--url")
+    parser.add_argument("--served-name")
     parser.add_argument("--options-file")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--slice", type=float, default=None)
+    parser.add_argument("--baseline", default=None)
+    parser.add_argument("--elapsed", type=float, default=0.0)
+    parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--watch", action="store_true")
     args = parser.parse_args(argv)
+    if not args.watch and not (args.url and args.served_name):
+        parser.error("--url and --served-name are required unless --watch")
 
     key = api_key(args.options_file)
     start = time.monotonic()
-    first = unit_state(args.unit)
-    invocation, restarts = first.get("InvocationID", ""), first.get("NRestarts", "0")
+    if args.baseline:
+        invocation, _, restarts = args.baseline.partition(":")
+    else:
+        first = unit_state(args.unit)
+        invocation, restarts = first.get("InvocationID", ""), first.get("NRestarts", "0")
+        if args.slice is not None:
+            print(f"baseline: {invocation}:{restarts}")
     last_progress = start
     health = 0
     while True:
         now = time.monotonic()
+        waited = args.elapsed + now - start
         state = unit_state(args.unit)
         active = state.get("ActiveState")
         if active in ("failed", "inactive", "deactivating") or state.get("SubState") == "auto-restart" \
@@ -125,33 +153,41 @@ def main(argv: list[str] | None = None) -> int:
         ):
             print(f"FAILED: {args.unit} is {active}/{state.get('SubState')} "
                   f"(result {state.get('Result')}, restarts {state.get('NRestarts')}) "
-                  f"after {now - start:.1f} s")
+                  f"after {waited:.1f} s")
             for line in explain(journal_lines(args.unit, invocation)):
                 print(line)
             return 1
-        health, _ = get(args.url + "/health", None)
-        if health == 200:
-            status, body = get(args.url + "/v1/models", key)
-            try:
-                served = [model.get("id") for model in json.loads(body or b"{}").get("data", [])]
-            except ValueError:
-                served = []
-            if status == 200 and args.served_name in served:
-                print(f"ready: {args.unit} serves {args.served_name} at {args.url} "
-                      f"({now - start:.1f} s to ready, pid {state.get('MainPID')})")
-                return 0
-            if status in (401, 403):
-                print(f"FAILED: /v1/models answered {status}: the API key in {args.options_file} is refused")
-                return 1
-        if now - start > args.timeout:
+        if not args.watch:
+            health, _ = get(args.url + "/health", None)
+            if health == 200:
+                status, body = get(args.url + "/v1/models", key)
+                try:
+                    served = [model.get("id") for model in json.loads(body or b"{}").get("data", [])]
+                except ValueError:
+                    served = []
+                if status == 200 and args.served_name in served:
+                    print(f"ready: {args.unit} serves {args.served_name} at {args.url} "
+                          f"({waited:.1f} s to ready, pid {state.get('MainPID')})")
+                    return 0
+                if status in (401, 403):
+                    print(f"FAILED: /v1/models answered {status}: the API key in {args.options_file} is refused")
+                    return 1
+        if waited > args.timeout:
             print(f"FAILED: not ready after {args.timeout:.0f} s (/health {health or 'no answer'})")
             for line in explain(journal_lines(args.unit, invocation)):
                 print(line)
             return 1
-        if now - last_progress >= PROGRESS_S:
+        status_text = (f"{active}/{state.get('SubState')}" if args.watch else
+                       f"/health {health or 'no answer'}{' (loading)' if health == 503 else ''}, "
+                       f"{active}/{state.get('SubState')}")
+        if args.slice is not None and now - start >= args.slice:
+            if args.progress:
+                print(f"waiting: {waited:.0f} s, {status_text}; {gpu_memory()}")
+            print(f"pending: {status_text}")
+            return PENDING
+        if args.slice is None and now - last_progress >= PROGRESS_S:
             last_progress = now
-            print(f"waiting: {now - start:.0f} s, /health {health or 'no answer'}"
-                  f"{' (loading)' if health == 503 else ''}, {active}/{state.get('SubState')}; {gpu_memory()}")
+            print(f"waiting: {waited:.0f} s, {status_text}; {gpu_memory()}")
             sys.stdout.flush()
         time.sleep(POLL_S)
 

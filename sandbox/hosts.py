@@ -756,7 +756,7 @@ def up(count: int = 1, indexes: list[int] | None = None, **layout_opts) -> list[
         # the Hub stand-in listens on the machine side of every guest's veth
         from sandbox import hubd
 
-        hubd.start(sorted(e["machine_address"] for e in state["hosts"].values()))
+        hubd.start()
     return [hosts[i] for i in sorted(hosts)]
 
 
@@ -892,9 +892,7 @@ def remove(name: str) -> None:
             _cleanup_globals()
     from sandbox import hubd
 
-    if state["hosts"]:
-        hubd.start(sorted(e["machine_address"] for e in state["hosts"].values()))
-    else:
+    if not state["hosts"]:
         hubd.stop()
 
 

@@ -735,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--serve-dir", type=Path, help="serve this existing directory instead of generating")
     s.add_argument("--token-env", metavar="VAR", help="require the token held in this environment variable")
     s.add_argument("--throttle-mbps", type=float, help="limit the total rate (MB/s, 10^6 bytes)")
+    s.add_argument("--throttle-file", type=Path,
+                   help="a file holding a rate in MB/s that overrides --throttle-mbps while it exists (tests)")
     s.add_argument("--ready-file", type=Path, help="write {url, urls, port, repo, commit, files} here once serving")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
     args = ap.parse_args(argv)
@@ -776,6 +778,17 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    default_bps = hub.throttle_bps
+
+    def follow_throttle_file() -> None:
+        while not stop.wait(0.25):
+            try:
+                hub.throttle_bps = int(float(args.throttle_file.read_text()) * 1e6)
+            except (OSError, ValueError):
+                hub.throttle_bps = default_bps
+
+    if args.throttle_file:
+        threading.Thread(target=follow_throttle_file, daemon=True).start()
     with hub:
         print(f"repo {args.repo} revision {info.commit} ({len(info.files)} files, {info.total_bytes} bytes)")
         for u in hub.urls:

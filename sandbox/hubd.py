@@ -1,6 +1,9 @@
-"""The sandbox's Hub stand-in as a background process, bound to the machine
-side of every sandbox host's veth (10.77.N.1), serving models/sandbox-tiny.yaml's
-repo at its pinned revision. `python -m sandbox up` starts it, `down` stops it.
+"""The sandbox's Hub stand-in as a background process, serving
+models/sandbox-tiny.yaml's repo at its pinned revision on HUB_ADDRESS, an
+address the sandbox adds to the machine's loopback device: every guest reaches
+it through its default route (the machine side of its veth), and it stays the
+same whatever hosts come and go. `python -m sandbox up` starts it, `down`
+stops it and removes the address.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox"))
 HUB_STATE = STATE_DIR / "hub.json"
 MODEL_CACHE = Path("/var/cache/sglang-converge/hub-models")
+HUB_ADDRESS = "10.77.0.1"
 HUB_PORT = 18080
 # slow enough that the deploy's download progress is visible, fast enough for CI
 THROTTLE_MBPS = 16.0
+# while this file exists, the rate it holds (MB/s) applies instead (tests slow a download down)
+THROTTLE_FILE = STATE_DIR / "hub-throttle-mbps"
 
 
 def profile() -> dict:
@@ -47,16 +53,26 @@ def read_state() -> dict | None:
     return state if _alive(int(state.get("pid", 0))) else None
 
 
-def endpoint_for(machine_address: str) -> str:
-    return f"http://{machine_address}:{HUB_PORT}"
+ENDPOINT = f"http://{HUB_ADDRESS}:{HUB_PORT}"
 
 
-def start(addresses: list[str], size_mb: int = 40) -> dict:
-    """(Re)start the hub so it listens on exactly ``addresses``."""
+def _address_on_lo(present: bool) -> None:
+    shown = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    there = f" {HUB_ADDRESS}/32 " in shown
+    if present and not there:
+        subprocess.run(["ip", "addr", "add", f"{HUB_ADDRESS}/32", "dev", "lo"], check=True)
+    elif not present and there:
+        subprocess.run(["ip", "addr", "del", f"{HUB_ADDRESS}/32", "dev", "lo"], check=False)
+
+
+def start(size_mb: int = 40) -> dict:
+    """Start the hub unless it runs."""
     state = read_state()
-    if state and sorted(state["addresses"]) == sorted(addresses):
+    if state:
         return state
     stop()
+    _address_on_lo(True)
+    addresses = [HUB_ADDRESS]
     prof = profile()
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
@@ -66,7 +82,7 @@ def start(addresses: list[str], size_mb: int = 40) -> dict:
     argv = [sys.executable, "-m", "sandbox.hub", "serve", "--port", str(HUB_PORT), "--repo", prof["repo"],
             "--commit", prof["revision"], "--size-mb", str(size_mb), "--model-dir", str(model_dir),
             "--format", prof["quantization"]["format"], "--throttle-mbps", str(THROTTLE_MBPS),
-            "--ready-file", str(ready)]
+            "--ready-file", str(ready), "--throttle-file", str(THROTTLE_FILE)]
     for address in addresses:
         argv += ["--addr", address]
     log = open(STATE_DIR / "hub.log", "ab")
@@ -87,6 +103,7 @@ def stop() -> None:
     try:
         state = json.loads(HUB_STATE.read_text())
     except (OSError, ValueError):
+        _address_on_lo(False)
         return
     pid = int(state.get("pid", 0))
     if pid and _alive(pid):
@@ -98,3 +115,4 @@ def stop() -> None:
         else:
             os.kill(pid, signal.SIGKILL)
     HUB_STATE.unlink(missing_ok=True)
+    _address_on_lo(False)

@@ -143,27 +143,32 @@ class ExactPins(FactBase[dict[str, list[str]]]):
         return json.loads([line for line in output if line.strip()][-1])
 
 
-def hold_constraints(held: dict[str, str], pins: dict[str, list[str]]) -> list[str]:
-    """Constraint lines: the held packages at their installed versions, and the
-    exact pins those packages declare on others (an upgrade of compressed-tensors
-    must not drag transformers past the version sglang pins).
+def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit: list[str] = ()) -> list[str]:
+    """Constraint lines for the upgrade: the held packages at their installed
+    versions, the settings' own pinned packages (the python_env step would
+    only put them back), and the exact pins the held packages declare on
+    others (an upgrade of compressed-tensors must not drag transformers past
+    the version sglang pins).
 
     >>> hold_constraints({"sglang": "0.5.23", "torch": "2.13.0+cpu"},
-    ...                  {"sglang": ["torch==2.14.1", "transformers==5.19.0", "compressed-tensors==0.18.0"]})
-    ['sglang==0.5.23', 'torch==2.13.0+cpu', 'transformers==5.19.0']
+    ...                  {"sglang": ["torch==2.14.1", "transformers==5.19.0", "huggingface-hub==1.33.0",
+    ...                              "compressed-tensors==0.18.0"]},
+    ...                  ["huggingface_hub==2.4.0"])
+    ['sglang==0.5.23', 'torch==2.13.0+cpu', 'huggingface_hub==2.4.0', 'transformers==5.19.0']
     """
     lines = [f"{name}=={version}" for name, version in sorted(held.items())]
     pinned = {canonicalize_name(name) for name in held} | {PACKAGE}
-    for owner in sorted(pins):
-        for text in pins[owner]:
-            try:
-                requirement = Requirement(text)
-            except InvalidRequirement:
-                continue
-            name = canonicalize_name(requirement.name)
-            if name not in pinned:
-                pinned.add(name)
-                lines.append(f"{requirement.name}{requirement.specifier}")
+    sources = [("settings", text) for text in explicit]
+    sources += [(owner, text) for owner in sorted(pins) for text in pins[owner]]
+    for _owner, text in sources:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        name = canonicalize_name(requirement.name)
+        if name not in pinned:
+            pinned.add(name)
+            lines.append(f"{requirement.name}{requirement.specifier}")
     return lines
 
 
@@ -356,8 +361,11 @@ def compression_format_supported(spec):
         for name in spec.compressed_tensors_hold
         if canonicalize_name(name) in packages
     }
-    constraints_lines = hold_constraints(hold, host.get_fact(ExactPins, path=spec.venv_path,
-                                                             packages=sorted(hold)))
+    constraints_lines = hold_constraints(
+        hold,
+        host.get_fact(ExactPins, path=spec.venv_path, packages=sorted(hold)),
+        list(spec.packages) + list(spec.packages_no_deps),
+    )
     tolerated = f"; will conflict, allowed: {'; '.join(upgrade.tolerated)}" if upgrade.tolerated else ""
     plan(f"{have} lacks {', '.join(missing) or 'everything'}: install {upgrade.requirement}, "
          f"holding {', '.join(f'{k} {v}' for k, v in sorted(hold.items())) or 'nothing'}"

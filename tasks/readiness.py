@@ -3,7 +3,8 @@
 On the host (no firewall between the deploy and the port): the unit must stay
 active, /health must answer 200 and /v1/models must list the served name. A
 failing unit is reported within a second with the journal lines that explain
-it. A server already ready, with nothing changed, is a no-op.
+it. A server already ready, with nothing changed, is a no-op. A multi-node TP
+group is judged as one, at rank 0 (tasks/multinode.py: group_ready).
 """
 
 from __future__ import annotations
@@ -77,4 +78,9 @@ def server_ready(spec):
 @deploy("Readiness")
 def readiness(spec):
     """The server is ready, or the deploy fails with the reason."""
+    if spec.is_multinode:  # judged at rank 0 for the whole TP group (tasks/multinode.py)
+        from tasks.multinode import group_ready
+
+        group_ready(spec=spec, name=f"node group {spec.group_label} ready at rank 0")
+        return
     server_ready(spec=spec, name=f"{spec.unit_name} ready")

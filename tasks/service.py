@@ -363,4 +363,10 @@ def service(spec):
     managed_file(dest=spec.unit_path, content=rendered.unit, mode="644", secrets=secrets,
                  name=f"unit file {spec.unit_path}")
     unit_installed(unit=spec.unit_name, name=f"{spec.unit_name} loaded and enabled")
+    if spec.is_multinode:  # a TP group restarts all its ranks together (tasks/multinode.py)
+        from tasks.multinode import group_restarted
+
+        group_restarted(spec=spec, rendered=rendered,
+                        name=f"{spec.unit_name} running the wanted config (node group {spec.group_label})")
+        return
     server_restarted(spec=spec, rendered=rendered, name=f"{spec.unit_name} running the wanted config")

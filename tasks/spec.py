@@ -256,6 +256,31 @@ def _url(value: str) -> str:
     return value
 
 
+def _router_url(value: str) -> str:
+    """An http(s) URL of a router or worker: scheme, host, optional port, no path."""
+    from urllib.parse import urlparse
+
+    _url(value)
+    parsed = urlparse(value)
+    try:
+        parsed.port
+    except ValueError:
+        raise ValueError("has an invalid port: allowed: 1..65535, e.g. 'http://10.0.0.5:30000'") from None
+    if parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise ValueError("must be scheme://host[:port] without a path, e.g. 'http://10.0.0.5:30000'")
+    return value.rstrip("/")
+
+
+def _url_port(value: str) -> int:
+    from urllib.parse import urlparse
+
+    parsed = urlparse(value)
+    return parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+_DRIVER_VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
+
+
 def _check_host(value: str) -> bool:
     try:
         ipaddress.ip_address(value)
@@ -438,6 +463,84 @@ def load_profile(name: str, models_dir: Path = MODELS_DIR) -> ModelProfile:
 GpuId = Annotated[StrictInt, Field(ge=0)]
 Number = Annotated[float, Field(strict=True)]
 
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@-]{0,127}$")
+
+
+class NodeGroup(BaseModel):
+    """A multi-node TP group, described once (group data shared by its hosts).
+
+    Each host's --nnodes, --node-rank and --dist-init-addr are derived from it:
+    nnodes = len(hosts), node_rank = this host's position in hosts, and
+    dist_init_addr = dist_init_host (default: rank 0's ssh_hostname) : dist_init_port.
+
+    .. code:: python
+
+        kimi_tp16 = (["gpu-a", "gpu-b"], {"node_group": {"hosts": ["gpu-a", "gpu-b"], "dist_init_port": 20000}})
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hosts: list[StrictStr] = Field(
+        description="the inventory names of the group's hosts in rank order (rank 0 first), at least 2, each once"
+    )
+    dist_init_port: Annotated[StrictInt, Field(ge=1, le=65535)] = Field(
+        description="the TCP port rank 0 listens on for the rendezvous, an integer 1..65535"
+    )
+    dist_init_host: StrictStr | None = Field(
+        None,
+        description="rank 0's address as the other ranks reach it, an IP address or hostname; "
+        "unset: rank 0's ssh_hostname (or its inventory name)",
+    )
+    name: StrictStr | None = Field(
+        None, description="a label for the group in messages; unset: the hosts joined with '+'"
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        if len(v) < 2:
+            raise ValueError(
+                f"a node group needs at least 2 hosts (got {len(v)}): allowed: a list of the group's "
+                "inventory host names in rank order, e.g. ['gpu-a', 'gpu-b']; a single host needs no node_group"
+            )
+        problems = []
+        for name in dict.fromkeys(v):
+            ranks = [i for i, other in enumerate(v) if other == name]
+            if len(ranks) > 1:
+                problems.append(
+                    f"{name!r} is listed {len(ranks)} times (ranks {', '.join(map(str, ranks))}): "
+                    f"each rank 0..{len(v) - 1} needs exactly one host and each host has exactly one rank"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+    @field_validator("dist_init_host")
+    @classmethod
+    def _dist_host(cls, v: str | None) -> str | None:
+        if v is not None and not _check_host(v.strip("[]")):
+            raise ValueError("must be an IP address or hostname that the other ranks reach rank 0 at, e.g. '10.0.0.1'")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _GROUP_NAME.match(v):
+            raise ValueError("must be a short label: letters, digits and '._+:@-', e.g. 'kimi-tp16'")
+        return v
+
+    @property
+    def label(self) -> str:
+        return self.name or "+".join(self.hosts)
+
+    def address(self, addresses: Mapping[str, str] | None = None) -> str:
+        """dist_init_addr: rank 0's address (bracketed when IPv6) and the port."""
+        host = self.dist_init_host or (addresses or {}).get(self.hosts[0]) or self.hosts[0]
+        host = host.strip("[]")
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{host}:{self.dist_init_port}"
+
 
 class HostSettings(BaseModel):
     """One field per host.data key of ours (defaults match group_data/all.py)."""
@@ -514,6 +617,29 @@ class HostSettings(BaseModel):
     node_rank: Annotated[StrictInt, Field(ge=0)] = Field(0, description="an integer 0..nnodes-1")
     dist_init_addr: StrictStr | None = Field(
         None, description="'host:port' of rank 0, required when nnodes > 1"
+    )
+    node_group: NodeGroup | None = Field(
+        None,
+        description="None, or a dict {hosts: [rank 0, rank 1, ...], dist_init_port: PORT, dist_init_host?: ADDR, "
+        "name?: LABEL} that derives nnodes, node_rank and dist_init_addr",
+    )
+    # -- fleets: the role of the host, and the router a server registers with (tasks/router.py)
+    role: Literal["server", "router"] = Field(
+        "server",
+        description="'server' (an SGLang server: the whole pipeline) or 'router' (SGLang's router: "
+        "group_data/routers.py)",
+    )
+    router_url: StrictStr | None = Field(
+        None, description="http(s) URL of the SGLang router this server registers with, or None"
+    )
+    worker_url: StrictStr | None = Field(
+        None, description="http(s) URL at which the router reaches this server (required with router_url), or None"
+    )
+    drain_timeout_s: Number = Field(
+        600.0, gt=0, description="seconds a server taken out of its router may take to finish its requests, > 0"
+    )
+    min_driver_version: StrictStr | None = Field(
+        None, description="lowest NVIDIA driver version the fleet preflight accepts, e.g. '570.86', or None"
     )
 
     # -- single fields
@@ -715,6 +841,37 @@ class HostSettings(BaseModel):
             raise ValueError("must be 'host:port' of rank 0 (port 1..65535), e.g. '10.0.0.1:20000'")
         return v
 
+    @field_validator("router_url", "worker_url")
+    @classmethod
+    def _fleet_urls(cls, v: str | None) -> str | None:
+        return None if v is None else _router_url(v)
+
+    @field_validator("min_driver_version")
+    @classmethod
+    def _min_driver(cls, v: str | None) -> str | None:
+        if v is not None and not _DRIVER_VERSION.match(v):
+            raise ValueError("must be an NVIDIA driver version as nvidia-smi prints it, e.g. '570.86' or '580.95.05'")
+        return v
+
+    @model_validator(mode="after")
+    def _fleet(self) -> HostSettings:
+        lines = []
+        if self.router_url is not None and self.worker_url is None:
+            lines.append(
+                f"worker_url = None: required when router_url = {self.router_url!r}: the URL at which the "
+                f"router reaches this server, e.g. 'http://10.0.0.5:{self.listen_port}'"
+            )
+        if self.worker_url is not None:
+            port = _url_port(self.worker_url)
+            if port != self.listen_port:
+                lines.append(
+                    f"worker_url = {self.worker_url!r}: its port {port} is not listen_port {self.listen_port}: "
+                    f"allowed: a URL of this server's port, e.g. 'http://HOST:{self.listen_port}'"
+                )
+        if lines:
+            raise _lines(*lines)
+        return self
+
     # -- fields together (no model profile needed)
 
     @model_validator(mode="after")
@@ -754,6 +911,255 @@ class HostSettings(BaseModel):
 
 # Our host.data keys, all documented in group_data/all.py.
 DATA_KEYS: frozenset[str] = frozenset(HostSettings.model_fields)
+
+
+# ---------------------------------------------------------------- router hosts (role = "router")
+
+# SGLang router (sglang-router / smg) policies.
+ROUTER_POLICIES = ("round_robin", "cache_aware", "random", "power_of_two")
+# Router flags the router settings set: in router_extra_args they are refused.
+ROUTER_MANAGED_FLAGS: dict[str, str] = {
+    "--host": "router_listen_host",
+    "--port": "router_listen_port",
+    "--policy": "router_policy",
+    "--prometheus-host": "router_prometheus_host",
+    "--prometheus-port": "router_prometheus_port",
+    "--worker-urls": "the servers' router_url/worker_url (they register through the router's /workers API)",
+}
+
+
+def _pip_wheel_file(v: str | None) -> str | None:
+    if v is None:
+        return None
+    path = Path(v).expanduser()
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    if not path.name.endswith(".whl") or not path.name.startswith("pip-"):
+        raise ValueError("must be the path of a pip wheel (pip-<version>-py3-none-any.whl) on the controller")
+    if not path.is_file():
+        raise ValueError(f"no such file on the controller ({path}): give an existing pip-*.whl, or None")
+    return str(path)
+
+
+class RouterSettings(BaseModel):
+    """A router host's settings (group_data/routers.py): SGLang's router from
+    PyPI in its own venv, run by a systemd unit. The servers' keys of
+    group_data/all.py (model, gpu_ids, ...) do not apply to a router host."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    role: Literal["router"] = Field(description="'router'")
+    router_url: StrictStr | None = Field(
+        None,
+        description="http(s) URL clients and servers reach this router at; the servers with the same "
+        "router_url are registered by the router's deploy (None: none)",
+    )
+    router_package: StrictStr = Field(
+        "sglang-router==0.3.2", description="the router's pinned pip requirement, e.g. 'sglang-router==0.3.2'"
+    )
+    router_module: StrictStr = Field(
+        "sglang_router.launch_router", description="dotted Python module run with 'python -m'"
+    )
+    router_venv_path: StrictStr = Field(
+        "/opt/sglang-router/venv", description="absolute path of the router's venv on the host"
+    )
+    router_listen_host: StrictStr = Field("0.0.0.0", description="an IP address or hostname to listen on")
+    router_listen_port: Annotated[StrictInt, Field(ge=1, le=65535)] = Field(30000, description="an integer 1..65535")
+    router_prometheus_host: StrictStr = Field("127.0.0.1", description="an IP address or hostname for /metrics")
+    router_prometheus_port: Annotated[StrictInt, Field(ge=1, le=65535)] = Field(
+        29000, description="an integer 1..65535, not router_listen_port"
+    )
+    router_policy: Literal[ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
+        "round_robin", description="one of " + ", ".join(map(repr, ROUTER_POLICIES))
+    )
+    router_extra_args: list[StrictStr] = Field(default_factory=list, description="extra router flags, a list of strings")
+    router_unit_name: StrictStr = Field(
+        "sglang-router.service", description="a systemd unit name ending in .service"
+    )
+    router_readiness_timeout_s: Number = Field(120.0, gt=0, description="seconds, a number > 0")
+    venv_python: StrictStr = Field(
+        "/usr/bin/python3", description="absolute path of the interpreter that creates the venv"
+    )
+    get_pip_url: StrictStr = Field(
+        "https://bootstrap.pypa.io/get-pip.py", description="http(s) URL of get-pip.py"
+    )
+    pip_wheel: StrictStr | None = Field(
+        None, description="path on the controller of a pip *.whl uploaded to offline hosts, or None"
+    )
+
+    @field_validator("router_url")
+    @classmethod
+    def _router_url(cls, v: str | None) -> str | None:
+        return None if v is None else _router_url(v)
+
+    @field_validator("router_package")
+    @classmethod
+    def _router_package(cls, v: str) -> str:
+        try:
+            req = Requirement(v)
+        except InvalidRequirement as e:
+            raise ValueError(f"not a pip requirement ({str(e).splitlines()[0]})") from None
+        pinned = bool(req.url) or (
+            len(req.specifier) == 1
+            and next(iter(req.specifier)).operator in ("==", "===")
+            and "*" not in next(iter(req.specifier)).version
+        )
+        if not pinned:
+            raise ValueError("not pinned: write 'name==version' (e.g. 'sglang-router==0.3.2')")
+        return v
+
+    @field_validator("router_module")
+    @classmethod
+    def _router_module(cls, v: str) -> str:
+        if not _MODULE.match(v):
+            raise ValueError("must be a dotted Python module name, e.g. 'sglang_router.launch_router'")
+        return v
+
+    @field_validator("router_venv_path", "venv_python")
+    @classmethod
+    def _paths(cls, v: str) -> str:
+        return _abs_path(v, "e.g. '/opt/sglang-router/venv'")
+
+    @field_validator("router_listen_host", "router_prometheus_host")
+    @classmethod
+    def _hosts(cls, v: str) -> str:
+        if not _check_host(v):
+            raise ValueError("must be an IP address or hostname, e.g. '0.0.0.0' or '127.0.0.1'")
+        return v
+
+    @field_validator("router_extra_args")
+    @classmethod
+    def _router_args(cls, v: list[str]) -> list[str]:
+        problems = []
+        for arg in v:
+            flag = arg.split("=", 1)[0]
+            if not arg or "\n" in arg or "\x00" in arg:
+                problems.append(f"{arg!r} is empty or holds a newline/NUL")
+            elif flag in ROUTER_MANAGED_FLAGS:
+                problems.append(f"{flag} is set by {ROUTER_MANAGED_FLAGS[flag]}: use that setting, not an extra arg")
+            elif flag in ("--api-key",):
+                problems.append(f"{flag} would put a secret in argv and in the repo")
+        if problems:
+            raise _lines(*(f"router_extra_args = {_redact_args(v)!r}: {p}" for p in problems))
+        return v
+
+    @field_validator("router_unit_name")
+    @classmethod
+    def _router_unit(cls, v: str) -> str:
+        if len(v) > 255 or not _UNIT_NAME.match(v) or v.endswith("@.service"):
+            raise ValueError("must be a systemd unit name ending in '.service', e.g. 'sglang-router.service'")
+        return v
+
+    @field_validator("get_pip_url")
+    @classmethod
+    def _get_pip(cls, v: str) -> str:
+        return _url(v)
+
+    @field_validator("pip_wheel")
+    @classmethod
+    def _wheel(cls, v: str | None) -> str | None:
+        return _pip_wheel_file(v)
+
+    @model_validator(mode="after")
+    def _ports(self) -> RouterSettings:
+        if self.router_prometheus_port == self.router_listen_port:
+            raise _lines(
+                f"router_prometheus_port = {self.router_prometheus_port}: the same port as router_listen_port: "
+                "allowed: another free port, e.g. 29000"
+            )
+        return self
+
+
+# Keys only a router host has (documented in group_data/routers.py).
+ROUTER_KEYS: frozenset[str] = frozenset(RouterSettings.model_fields) - DATA_KEYS
+
+
+class RouterSpec(RouterSettings):
+    """One router host's settings, validated, with the derived values.
+
+    .. code:: python
+
+        spec = build_spec("sgc10", {"role": "router", "router_url": "http://10.77.10.2:30000"})
+        spec.router_argv  # [venv python, -m, sglang_router.launch_router, --host, ...]
+    """
+
+    host_name: StrictStr
+
+    # a router host is never part of a multi-node TP group
+    is_multinode: typing.ClassVar[bool] = False
+    group_key: typing.ClassVar[None] = None
+    group_label: typing.ClassVar[None] = None
+
+    @property
+    def python_bin(self) -> str:
+        return f"{self.router_venv_path}/bin/python"
+
+    @property
+    def unit_name(self) -> str:
+        return self.router_unit_name
+
+    @property
+    def unit_stem(self) -> str:
+        return self.router_unit_name[: -len(".service")]
+
+    @property
+    def unit_path(self) -> str:
+        return f"{SYSTEMD_DIR}/{self.router_unit_name}"
+
+    @property
+    def local_url(self) -> str:
+        """The router as seen from its own host."""
+        address = "127.0.0.1" if self.router_listen_host in ("0.0.0.0", "::", "") else self.router_listen_host
+        if ":" in address:
+            address = f"[{address}]"
+        return f"http://{address}:{self.router_listen_port}"
+
+    @property
+    def router_argv(self) -> list[str]:
+        """The router's command line (workers are added at run time through POST /workers)."""
+        return [
+            self.python_bin, "-m", self.router_module,
+            "--host", self.router_listen_host,
+            "--port", str(self.router_listen_port),
+            "--policy", self.router_policy,
+            "--prometheus-host", self.router_prometheus_host,
+            "--prometheus-port", str(self.router_prometheus_port),
+            *self.router_extra_args,
+        ]  # fmt: skip
+
+
+def build_router_spec(host_name: str, data: Mapping[str, Any]) -> RouterSpec:
+    """Validate a router host's data (role = 'router') into a RouterSpec, or
+    raise SpecError listing every problem, one line each, prefixed with the host.
+    The servers' keys (group_data/all.py defaults) are not used and not checked."""
+    problems: list[str] = []
+    ours: dict[str, Any] = {}
+    fields = RouterSettings.model_fields
+    for key, value in data.items():
+        if not isinstance(key, str):
+            problems.append(f"{key!r} is not a valid data key")
+        elif key in LITERAL_SECRET_KEYS:
+            problems.append(
+                f"{key} = <hidden>: a literal secret is not allowed in the inventory or group data: "
+                f"set {LITERAL_SECRET_KEYS[key]} to the NAME of an environment variable on the controller that holds it"
+            )
+        elif key in fields:
+            ours[key] = value
+        elif key in DATA_KEYS or _is_pyinfra_key(key):
+            continue  # a server's setting (group_data/all.py): not used by a router
+        else:
+            close = difflib.get_close_matches(key, sorted(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(
+                f"{key} = {_show(value)}: unknown data key{hint}: allowed for a router host: "
+                f"{', '.join(sorted(fields))} (and pyinfra's own ssh_*/_* keys)"
+            )
+    if not problems:
+        try:
+            return RouterSpec.model_validate({**ours, "host_name": host_name})
+        except ValidationError as e:
+            problems.extend(_format_errors(e, RouterSettings))
+    raise SpecError([f"{host_name}: {line}" for line in problems])
 
 
 # ---------------------------------------------------------------- the spec
@@ -856,6 +1262,21 @@ class Spec(HostSettings):
     @property
     def is_multinode(self) -> bool:
         return self.nnodes > 1
+
+    @property
+    def group_key(self) -> str | None:
+        """What identifies this host's TP group (None: single node): the
+        node_group's label, or dist_init_addr for the per-host fields."""
+        if not self.is_multinode:
+            return None
+        return self.node_group.label if self.node_group is not None else str(self.dist_init_addr)
+
+    @property
+    def group_label(self) -> str | None:
+        """The TP group in messages."""
+        if not self.is_multinode:
+            return None
+        return self.node_group.label if self.node_group is not None else f"at {self.dist_init_addr}"
 
     @property
     def resolved(self) -> bool:
@@ -1031,6 +1452,10 @@ def _format_errors(err: ValidationError, model: type[BaseModel]) -> list[str]:
         top = loc[0] if loc and isinstance(loc[0], str) else None
         field = fields.get(top) if top else None
         allowed = field.description if field is not None and field.description else None
+        if len(loc) > 1 and isinstance(loc[-1], str):  # a nested model's own field says more (node_group.*)
+            nested = _model_at(model, loc[:-1]).model_fields.get(loc[-1])
+            if nested is not None and nested.description and _model_at(model, loc[:-1]) is not model:
+                allowed = nested.description
         where = _loc(loc)
         value = e.get("input")
         shown = "<hidden>" if top in _SECRET_NAME_FIELDS else _show(_redact_args(value))
@@ -1058,14 +1483,64 @@ def _format_errors(err: ValidationError, model: type[BaseModel]) -> list[str]:
 # ---------------------------------------------------------------- building
 
 
+_DERIVED_BY_GROUP = ("nnodes", "node_rank", "dist_init_addr")
+
+
+def _derive_from_node_group(host_name: str, ours: dict[str, Any], addresses: Mapping[str, str] | None) -> list[str]:
+    """With a node_group: put the derived nnodes / node_rank / dist_init_addr
+    into ``ours`` (before the fields are validated together) and return what
+    contradicts it. An invalid node_group is left to HostSettings to report."""
+    raw = ours.get("node_group")
+    if raw is None:
+        return []
+    try:
+        group = NodeGroup.model_validate(raw)
+    except ValidationError:
+        return []
+    problems = []
+    if host_name not in group.hosts:
+        problems.append(
+            f"node_group.hosts = {group.hosts!r}: does not list this host {host_name!r}: every host that has "
+            f"node group {group.label!r} must be in its hosts, in rank order (or set node_group = None for this host)"
+        )
+        return problems
+    derived = {
+        "nnodes": len(group.hosts),
+        "node_rank": group.hosts.index(host_name),
+        "dist_init_addr": group.address(addresses),
+    }
+    defaults = {"nnodes": 1, "node_rank": 0, "dist_init_addr": None}
+    for key in _DERIVED_BY_GROUP:
+        value = ours.get(key, defaults[key])
+        if value != defaults[key] and value != derived[key]:
+            problems.append(
+                f"{key} = {_show(value)}: contradicts node group {group.label!r}, which derives {key} = "
+                f"{derived[key]!r} here: allowed: leave {key} unset (node_group sets it)"
+            )
+        ours[key] = derived[key]
+    port = ours.get("listen_port", HostSettings.model_fields["listen_port"].default)
+    if derived["node_rank"] == 0 and port == group.dist_init_port:
+        problems.append(
+            f"node_group.dist_init_port = {group.dist_init_port}: rank 0 ({host_name}) already serves HTTP on "
+            f"listen_port {port}: allowed: a free port other than {port}, e.g. 20000"
+        )
+    return problems
+
+
 def build_spec(
     host_name: str,
     data: Mapping[str, Any],
     environ: Mapping[str, str] = os.environ,
     models_dir: Path = MODELS_DIR,
+    addresses: Mapping[str, str] | None = None,
 ) -> Spec:
     """Validate one host's data (host.data as a dict) into a Spec, or raise
-    SpecError listing every problem, one line each, prefixed with the host."""
+    SpecError listing every problem, one line each, prefixed with the host.
+
+    ``addresses`` (inventory host name -> address, e.g. ssh_hostname) gives
+    rank 0's address when a node_group has no dist_init_host."""
+    if data.get("role") == "router":  # SGLang's router (group_data/routers.py): its own settings
+        return build_router_spec(host_name, data)  # type: ignore[return-value]
     problems: list[str] = []
     ours: dict[str, Any] = {}
     for key, value in data.items():
@@ -1084,6 +1559,11 @@ def build_spec(
                 f"{key} = {_show(value)}: is a model profile key, not a host data key: "
                 "set it in models/<model>.yaml (or add a new profile there)"
             )
+        elif key in ROUTER_KEYS:
+            problems.append(
+                f"{key} = {_show(value)}: a router setting, for router hosts only: set role = 'router' for "
+                "this host (group_data/routers.py), or remove the key"
+            )
         elif not _is_pyinfra_key(key):
             close = difflib.get_close_matches(key, sorted(DATA_KEYS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -1091,6 +1571,8 @@ def build_spec(
                 f"{key} = {_show(value)}: unknown data key{hint}: allowed: {', '.join(sorted(DATA_KEYS))} "
                 "(and pyinfra's own ssh_*/_* keys)"
             )
+
+    problems.extend(_derive_from_node_group(host_name, ours, addresses))
 
     settings: HostSettings | None = None
     try:
@@ -1145,9 +1627,118 @@ def host_spec(host: Any) -> Spec:
     """The Spec of a pyinfra host, built once per host name."""
     spec = _HOST_SPECS.get(host.name)
     if spec is None:
-        spec = build_spec(host.name, host_data_dict(host))
+        spec = build_spec(host.name, host_data_dict(host), addresses=_group_addresses(host))
         _HOST_SPECS[host.name] = spec
     return spec
+
+
+def _group_addresses(host: Any) -> dict[str, str]:
+    """ssh_hostname (else the name) of the hosts a node_group names, from the host's inventory."""
+    group = host.data.get("node_group")
+    inventory = getattr(host, "inventory", None)
+    if not isinstance(group, Mapping) or not isinstance(group.get("hosts"), list) or inventory is None:
+        return {}
+    out = {}
+    for name in group["hosts"]:
+        other = inventory.get_host(name, None) if isinstance(name, str) else None
+        if other is not None:
+            out[name] = str(other.data.get("ssh_hostname") or name)
+    return out
+
+
+def node_groups(specs: Mapping[str, Spec]) -> dict[str, list[Spec]]:
+    """The multi-node TP groups among ``specs``: {group key: specs in rank order}."""
+    groups: dict[str, list[Spec]] = {}
+    for spec in specs.values():
+        if spec.group_key is not None:
+            groups.setdefault(spec.group_key, []).append(spec)
+    return {key: sorted(members, key=lambda s: (s.node_rank, s.host_name)) for key, members in groups.items()}
+
+
+def _group_problems(specs: Mapping[str, Spec], inventory_names: set[str], targeted: set[str]) -> list[str]:
+    """Cross-host checks of every node group: one line per problem, naming
+    the host, the field, the value and what is allowed."""
+    lines: list[str] = []
+    for key, members in node_groups(specs).items():
+        first = members[0]
+        label = first.group_label
+        group = first.node_group
+        if group is not None:
+            for spec in members[1:]:
+                if spec.node_group != group:
+                    lines.append(
+                        f"{spec.host_name}: node_group = {spec.node_group.model_dump(exclude_none=True)!r}: "
+                        f"differs from {first.host_name}'s {group.model_dump(exclude_none=True)!r}: every host of "
+                        "a node group must have the same node_group (set it once, in the group's data)"
+                    )
+            for rank, name in enumerate(group.hosts):
+                if name not in inventory_names:
+                    lines.append(
+                        f"{first.host_name}: node_group.hosts = {group.hosts!r}: rank {rank} {name!r} is not a host "
+                        f"of the inventory: allowed: the inventory's host names ({', '.join(sorted(inventory_names))})"
+                    )
+                elif name not in targeted:
+                    lines.append(
+                        f"{first.host_name}: node group {label!r}: rank {rank} ({name}) is not targeted (--limit): "
+                        "the ranks of a TP group are (re)started together: target all of its hosts or none"
+                    )
+                elif name not in specs:
+                    pass  # its own errors are listed
+                elif specs[name].node_group != group:
+                    other = specs[name].node_group
+                    lines.append(
+                        f"{name}: node_group = {other.model_dump(exclude_none=True) if other else None!r}: "
+                        f"node group {label!r} lists {name} as rank {rank}: allowed: the same node_group as "
+                        f"{first.host_name}"
+                    )
+        else:
+            nnodes = {s.nnodes for s in members}
+            if len(nnodes) > 1:
+                lines.append(
+                    f"{first.host_name}: nnodes = {first.nnodes}: other hosts with dist_init_addr "
+                    f"{key!r} say nnodes = {', '.join(str(s.nnodes) for s in members if s.nnodes != first.nnodes)}: "
+                    "allowed: the same nnodes on every rank (or describe the group once with node_group)"
+                )
+            by_rank: dict[int, list[str]] = {}
+            for spec in members:
+                by_rank.setdefault(spec.node_rank, []).append(spec.host_name)
+            for rank, names in sorted(by_rank.items()):
+                if len(names) > 1:
+                    lines.append(
+                        f"{names[1]}: node_rank = {rank}: {names[0]} has node_rank {rank} too in the group at "
+                        f"dist_init_addr {key!r}: allowed: each rank 0..{first.nnodes - 1} on exactly one host"
+                    )
+            missing = [r for r in range(first.nnodes) if r not in by_rank]
+            if missing:
+                lines.append(
+                    f"{first.host_name}: dist_init_addr = {key!r}: no targeted host has node_rank "
+                    f"{', '.join(map(str, missing))} of nnodes = {first.nnodes}: allowed: each rank 0..{first.nnodes - 1} "
+                    "on exactly one targeted host (or describe the group once with node_group)"
+                )
+        for spec in members[1:]:
+            if len(spec.gpu_ids) != len(first.gpu_ids):
+                lines.append(
+                    f"{spec.host_name}: gpu_ids = {spec.gpu_ids!r} ({len(spec.gpu_ids)} GPUs): rank "
+                    f"{first.node_rank} ({first.host_name}) of node group {label!r} uses {len(first.gpu_ids)}: "
+                    f"allowed: {len(first.gpu_ids)} GPUs on every rank (tp_size = GPUs per node x nnodes)"
+                )
+            if spec.tp_size != first.tp_size:
+                lines.append(
+                    f"{spec.host_name}: tp_size = {spec.tp_size}: rank {first.node_rank} ({first.host_name}) of "
+                    f"node group {label!r} has tp_size {first.tp_size}: allowed: the same tp_size on every rank"
+                )
+            if spec.model != first.model:
+                lines.append(
+                    f"{spec.host_name}: model = {spec.model!r}: rank {first.node_rank} ({first.host_name}) of "
+                    f"node group {label!r} runs {first.model!r}: allowed: the same model on every rank"
+                )
+            if spec.dist_init_addr != first.dist_init_addr:
+                lines.append(
+                    f"{spec.host_name}: dist_init_addr = {spec.dist_init_addr!r}: rank {first.node_rank} "
+                    f"({first.host_name}) of node group {label!r} uses {first.dist_init_addr!r}: allowed: "
+                    "one dist init address for the whole group"
+                )
+    return lines
 
 
 def _targeted_hosts(inventory: Any) -> list[Any]:
@@ -1170,12 +1761,19 @@ def validate_inventory(inventory: Any) -> dict[str, Spec]:
     specs: dict[str, Spec] = {}
     lines: list[str] = []
     bad: list[str] = []
-    for host in _targeted_hosts(inventory):
+    targeted = _targeted_hosts(inventory)
+    for host in targeted:
         try:
             specs[host.name] = host_spec(host)
         except SpecError as e:
             bad.append(host.name)
             lines.extend(e.lines)
+    group_lines = _group_problems(specs, {h.name for h in inventory}, {h.name for h in targeted})
+    for line in group_lines:
+        name = line.split(":", 1)[0]
+        if name not in bad:
+            bad.append(name)
+    lines.extend(group_lines)
     if lines:
         raise SpecError(lines, header=f"invalid settings for {len(bad)} host(s): {', '.join(bad)}")
     _INVENTORY_SPECS[id(inventory)] = (inventory, specs)

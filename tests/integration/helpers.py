@@ -50,9 +50,19 @@ def unit_props(host, unit: str) -> dict[str, str]:
 
 
 def boot_extra_host(index: int):
-    """One more sandbox host beside the session's (sgc<index>), fresh; remove with remove_host."""
-    from sandbox import hosts as sandbox_api
+    """A fresh sandbox host of the test module's own (sgc<index>); remove with remove_host.
 
+    Modules boot their own hosts rather than share the session's, so they can
+    run alone, side by side, and leave the others' hosts alone.
+    """
+    import pytest
+
+    from sandbox import hosts as sandbox_api
+    from tests.conftest import _sandbox_unavailable
+
+    reason = _sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
     return sandbox_api.up(indexes=[index])[0]
 
 

@@ -3,13 +3,21 @@
 import pytest
 
 from sandbox import stale
-from tests.integration.helpers import facts
+from tests.integration.helpers import boot_extra_host, facts, remove_host
 
 pytestmark = pytest.mark.sandbox
 
 
-def test_every_fact_over_ssh(sandbox_hosts):
-    host = sandbox_hosts[0]
+@pytest.fixture(scope="module")
+def host():
+    host = boot_extra_host(6)
+    try:
+        yield host
+    finally:
+        remove_host(host)
+
+
+def test_every_fact_over_ssh(host):
     host.run("python3 -m venv --without-pip /opt/facts-nopip && python3 -m venv /opt/facts-pip")
     pid = stale.start_stale(host, gpu=3, gib=2, unit="facts-holder.service", restart_always=True)
     try:

@@ -26,7 +26,7 @@ TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def incident(sandbox_hosts):
+def incident():
     host = boot_extra_host(3)
     try:
         scenario.ct200_incident(host, log=lambda line: None)

@@ -3,10 +3,15 @@ a stale process outside any service): converge the pipeline one step at a
 time; the first run of a step changes the host, the second changes nothing.
 """
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 
-from sandbox import stale
-from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host, unit_props
+from sandbox import hubd, stale
+from tests.integration.helpers import ROOT, boot_extra_host, grand_total, pyinfra, remove_host, unit_props
 
 pytestmark = pytest.mark.sandbox
 
@@ -24,7 +29,7 @@ FIRST_RUN_SAYS = {
 
 
 @pytest.fixture(scope="module")
-def fresh_host(sandbox_hosts):
+def fresh_host():
     host = boot_extra_host(4)
     try:
         yield host
@@ -37,10 +42,35 @@ def stale_pid(fresh_host):
     return stale.start_stale(fresh_host, gpu=5, gib=20)
 
 
+def interrupted_then_attached(fresh_host, steps: str) -> subprocess.CompletedProcess:
+    """The controller's ssh session dies mid-download: the download goes on in
+    its transient unit, and the next run attaches to it instead of starting over."""
+    hubd.THROTTLE_FILE.write_text("4")  # ~10 s for the model: time to pull the plug
+    try:
+        argv = [sys.executable, "-m", "pyinfra", "-y", "--limit", fresh_host.name, "inventory/sandbox.py",
+                "tests/integration/steps_deploy.py"]
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "SGC_STEPS": steps}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for line in proc.stdout:
+            if "model: downloading in sglang-model-fetch.service" in line:
+                break
+        os.killpg(proc.pid, signal.SIGKILL)  # the operator's laptop loses the connection
+        proc.wait()
+        assert fresh_host.run("systemctl is-active sglang-model-fetch.service").stdout.strip() == "active"
+        again = pyinfra("tests/integration/steps_deploy.py", limit=fresh_host.name, env={"SGC_STEPS": steps})
+    finally:
+        hubd.THROTTLE_FILE.unlink(missing_ok=True)
+    assert "model: attaching to the download already running" in again.out, again.out
+    return again
+
+
 @pytest.mark.parametrize("step", STEPS)
 def test_step_changes_then_is_a_no_op(fresh_host, stale_pid, step):
     steps = ",".join(STEPS[: STEPS.index(step) + 1])
-    first = pyinfra("tests/integration/steps_deploy.py", limit=fresh_host.name, env={"SGC_STEPS": steps})
+    if step == "model":
+        first = interrupted_then_attached(fresh_host, steps)
+    else:
+        first = pyinfra("tests/integration/steps_deploy.py", limit=fresh_host.name, env={"SGC_STEPS": steps})
     assert first.returncode == 0, first.out
     if step not in ("preflight", "readiness"):
         assert grand_total(first.out)[0] > 0, first.out
@@ -52,3 +82,26 @@ def test_step_changes_then_is_a_no_op(fresh_host, stale_pid, step):
     assert unit_props(fresh_host, "sglang.service") == before  # nothing restarted
     if step == "stale_gpu":
         assert fresh_host.run(f"test -d /proc/{stale_pid}", check=False).returncode != 0
+
+
+def test_a_failing_server_is_reported_fast_with_the_journal_line(fresh_host, tmp_path):
+    """Another service holds GPU 3 and the settings say to ignore it: SGLang's TP
+    memory-balance check kills the server; the deploy says so within a second
+    or two, the traceback's last line first, instead of waiting out a timeout."""
+    stale.start_stale(fresh_host, gpu=3, gib=40, unit="other-tenant.service", restart_always=True)
+    try:
+        (tmp_path / "sandbox.py").write_text(
+            'stale_policy = "ignore"\n'
+            'extra_env = {"PYTHONPATH": "/usr/local/lib/sandbox-gpu", "SANDBOX_LOAD_SECONDS": "3",'
+            ' "SGC_TEST_GENERATION": "2"}\n'
+        )
+        proc = pyinfra("tests/integration/steps_deploy.py", "--group-data", str(tmp_path), limit=fresh_host.name,
+                       env={"SGC_STEPS": ",".join(STEPS)})
+        assert proc.returncode != 0, proc.out
+        assert "cause: RuntimeError: The memory capacity is unbalanced. Some GPUs may be occupied" in proc.out
+        failed = [line for line in proc.out.splitlines() if "FAILED: sglang.service is" in line]
+        assert failed, proc.out
+        seconds = float(failed[0].split(" after ")[1].split(" s")[0])
+        assert seconds < 10, failed[0]  # SANDBOX_LOAD_SECONDS is 3; the check fails at start
+    finally:
+        stale.stop_stale(fresh_host, unit="other-tenant.service")

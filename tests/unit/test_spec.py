@@ -538,3 +538,175 @@ def test_validate_inventory_respects_limit(tmp_path):
     inventory = load_inventory(path)
     State(inventory, Config(), initial_limit=[inventory.get_host("sb1")])
     assert set(S.validate_inventory(inventory)) == {"sb1"}
+
+
+# ---------------------------------------------------------------- node groups (multi-node TP)
+
+GROUP = {"hosts": ["ct200", "ct201"], "dist_init_port": 20000}
+ADDRESSES = {"ct200": "10.0.0.1", "ct201": "10.0.0.2"}
+
+
+def group_spec(ct200_data, name="ct200", addresses=ADDRESSES, **changes):
+    data = {**ct200_data, "tp_size": 16, "node_group": dict(GROUP), **changes}
+    return S.build_spec(name, data, environ=ENV, addresses=addresses)
+
+
+def test_node_group_derives_ranks_and_rank0s_address(ct200_data):
+    rank0, rank1 = group_spec(ct200_data), group_spec(ct200_data, name="ct201")
+    assert (rank0.nnodes, rank0.node_rank, rank0.dist_init_addr) == (2, 0, "10.0.0.1:20000")
+    assert (rank1.nnodes, rank1.node_rank, rank1.dist_init_addr) == (2, 1, "10.0.0.1:20000")
+    assert "--tp-size 16" in " ".join(rank1.server_argv)
+    assert "--nnodes 2 --node-rank 1 --dist-init-addr 10.0.0.1:20000" in " ".join(rank1.server_argv)
+    assert rank0.group_key == rank1.group_key == rank0.group_label == "ct200+ct201"
+
+
+def test_node_group_address_override_ipv6_name_and_derived_tp(ct200_data):
+    group = dict(GROUP, dist_init_host="fd00::1", name="kimi-tp16")
+    spec = S.build_spec("ct201", dict(ct200_data, tp_size=None, node_group=group), environ=ENV, addresses=ADDRESSES)
+    assert spec.dist_init_addr == "[fd00::1]:20000"
+    assert spec.tp_size == 16  # 8 GPUs x 2 nodes
+    assert spec.group_key == "kimi-tp16"
+    # without addresses (no inventory at hand): rank 0's name
+    assert group_spec(ct200_data, addresses=None).dist_init_addr == "ct200:20000"
+
+
+# (id, node_group (None: GROUP), other changes to ct200's data, substrings of the message)
+INVALID_NODE_GROUP = [
+    ("one_host", {"hosts": ["ct200"], "dist_init_port": 20000}, {},
+     ["node_group.hosts = ['ct200']", "at least 2 hosts", "a single host needs no node_group"]),
+    ("host_twice", {"hosts": ["ct200", "ct201", "ct201"], "dist_init_port": 20000}, {"tp_size": 24},
+     ["node_group.hosts = ['ct200', 'ct201', 'ct201']", "'ct201' is listed 2 times (ranks 1, 2)",
+      "each rank 0..2 needs exactly one host"]),
+    ("not_listed", {"hosts": ["ct201", "ct202"], "dist_init_port": 20000}, {},
+     ["node_group.hosts = ['ct201', 'ct202']", "does not list this host 'ct200'"]),
+    ("port_missing", {"hosts": ["ct200", "ct201"]}, {}, ["node_group.dist_init_port is required", "1..65535"]),
+    ("port_range", {"hosts": ["ct200", "ct201"], "dist_init_port": 0}, {},
+     ["node_group.dist_init_port = 0", "greater than or equal to 1"]),
+    ("port_is_listen_port", {"hosts": ["ct200", "ct201"], "dist_init_port": 30000}, {},
+     ["node_group.dist_init_port = 30000", "already serves HTTP on listen_port 30000", "a free port other than 30000"]),
+    ("unknown_key", {"hosts": ["ct200", "ct201"], "dist_port": 20000}, {},
+     ["node_group.dist_port is not a known key", "did you mean 'dist_init_port'"]),
+    ("bad_dist_host", {"hosts": ["ct200", "ct201"], "dist_init_port": 20000, "dist_init_host": "not a host!"}, {},
+     ["node_group.dist_init_host = 'not a host!'", "IP address or hostname"]),
+    ("bad_name", {"hosts": ["ct200", "ct201"], "dist_init_port": 20000, "name": "tp 16"}, {},
+     ["node_group.name = 'tp 16'", "short label"]),
+    ("not_a_dict", ["ct200", "ct201"], {}, ["node_group = ['ct200', 'ct201']"]),
+    ("nnodes_contradicts", None, {"nnodes": 3},
+     ["nnodes = 3: contradicts node group 'ct200+ct201', which derives nnodes = 2", "leave nnodes unset"]),
+    ("rank_contradicts", None, {"node_rank": 1},
+     ["node_rank = 1: contradicts node group 'ct200+ct201', which derives node_rank = 0"]),
+    ("addr_contradicts", None, {"dist_init_addr": "10.0.0.9:20000"},
+     ["dist_init_addr = '10.0.0.9:20000': contradicts", "derives dist_init_addr = '10.0.0.1:20000'"]),
+    ("tp_not_gpus_x_nodes", None, {"tp_size": 8},
+     ["tp_size = 8 does not match gpu_ids", "x nnodes 2", "GPUs per node x nnodes = 16"]),
+]
+
+
+@pytest.mark.parametrize("group, changes, expected", [c[1:] for c in INVALID_NODE_GROUP],
+                         ids=[c[0] for c in INVALID_NODE_GROUP])
+def test_invalid_node_group(ct200_data, group, changes, expected):
+    data = {**ct200_data, "tp_size": 16, "node_group": dict(GROUP) if group is None else group, **changes}
+    with pytest.raises(S.SpecError) as e:
+        S.build_spec("ct200", data, environ=ENV, addresses=ADDRESSES)
+    check_message(str(e.value), "ct200", expected)
+
+
+def write_group_inventory(tmp_path: Path, hosts: str, group: str = "") -> Path:
+    """Sandbox hosts (group_data/sandbox.py applies) plus, after them, a group with node_group data."""
+    return write_sandbox_inventory(tmp_path, hosts + group)
+
+
+GROUP_HOSTS = """
+sandbox = [
+    ("sb1", {"ssh_hostname": "10.77.0.11"}),
+    ("sb2", {"ssh_hostname": "10.77.0.12"}),
+]
+"""
+TP16 = """
+tp16 = (["sb1", "sb2"], {"node_group": {"hosts": ["sb1", "sb2"], "dist_init_port": 20000}, "tp_size": 16})
+"""
+
+
+def test_validate_inventory_node_group(tmp_path):
+    inventory = load_inventory(write_group_inventory(tmp_path, GROUP_HOSTS, TP16))
+    specs = S.validate_inventory(inventory)
+    assert [(s.host_name, s.node_rank, s.dist_init_addr) for s in S.node_groups(specs)["sb1+sb2"]] == [
+        ("sb1", 0, "10.77.0.11:20000"), ("sb2", 1, "10.77.0.11:20000")]
+
+
+def invalid_inventory(tmp_path, text: str, limit: list[str] | None = None) -> str:
+    folder = tmp_path / f"inventory{len(list(tmp_path.iterdir()))}"  # a new file each time (pyinfra caches by path)
+    folder.mkdir()
+    S.clear_cache()  # specs are memoized by host name
+    inventory = load_inventory(write_sandbox_inventory(folder, text))
+    if limit:
+        State(inventory, Config(), initial_limit=[inventory.get_host(name) for name in limit])
+    with pytest.raises(S.SpecError) as e:
+        S.validate_inventory(inventory)
+    msg = str(e.value)
+    assert msg.splitlines()[0].startswith("invalid settings for ")
+    return msg
+
+
+def test_node_group_ranks_need_the_same_gpu_count(tmp_path):
+    msg = invalid_inventory(tmp_path, GROUP_HOSTS.replace('"10.77.0.12"}', '"10.77.0.12", "gpu_ids": [0, 1, 2, 3]}')
+                            + TP16.replace('"tp_size": 16', '"tp_size": None'))
+    assert "sb2: gpu_ids = [0, 1, 2, 3] (4 GPUs): rank 0 (sb1) of node group 'sb1+sb2' uses 8" in msg, msg
+    assert "allowed: 8 GPUs on every rank" in msg
+
+
+def test_node_group_must_be_the_same_on_every_rank(tmp_path):
+    hosts = GROUP_HOSTS.replace(
+        '"10.77.0.12"}', '"10.77.0.12", "node_group": {"hosts": ["sb1", "sb2"], "dist_init_port": 20001}}')
+    msg = invalid_inventory(tmp_path, hosts + TP16)
+    assert "sb2: node_group = {'hosts': ['sb1', 'sb2'], 'dist_init_port': 20001}" in msg, msg
+    assert "differs from sb1's" in msg and "set it once, in the group's data" in msg
+
+
+def test_node_group_host_not_in_inventory(tmp_path):
+    msg = invalid_inventory(tmp_path, GROUP_HOSTS + TP16.replace('"hosts": ["sb1", "sb2"]', '"hosts": ["sb1", "sb2", "sb3"]')
+                            .replace('"tp_size": 16', '"tp_size": 24'))
+    assert "sb1: node_group.hosts = ['sb1', 'sb2', 'sb3']: rank 2 'sb3' is not a host of the inventory" in msg, msg
+    assert "allowed: the inventory's host names (sb1, sb2)" in msg
+
+
+def test_node_group_is_targeted_whole(tmp_path):
+    msg = invalid_inventory(tmp_path, GROUP_HOSTS + TP16, limit=["sb1"])
+    assert "sb1: node group 'sb1+sb2': rank 1 (sb2) is not targeted (--limit)" in msg, msg
+    assert "target all of its hosts or none" in msg
+
+
+def test_node_group_lists_a_host_without_it(tmp_path):
+    text = GROUP_HOSTS + TP16.replace('(["sb1", "sb2"],', '(["sb1"],')
+    msg = invalid_inventory(tmp_path, text)
+    assert "sb2: node_group = None: node group 'sb1+sb2' lists sb2 as rank 1" in msg, msg
+
+
+PLAIN = """
+sandbox = [
+    ("sb1", {"ssh_hostname": "10.77.0.11", "tp_size": 16, "nnodes": 2, "node_rank": 0, "dist_init_addr": "10.77.0.11:20000"}),
+    ("sb2", {"ssh_hostname": "10.77.0.12", "tp_size": 16, "nnodes": 2, "node_rank": 1, "dist_init_addr": "10.77.0.11:20000"}),
+]
+"""
+
+
+def test_plain_fields_form_a_group_too(tmp_path):
+    specs = S.validate_inventory(load_inventory(write_sandbox_inventory(tmp_path, PLAIN)))
+    assert [s.host_name for s in S.node_groups(specs)["10.77.0.11:20000"]] == ["sb1", "sb2"]
+
+
+def test_plain_fields_each_rank_exactly_once(tmp_path):
+    msg = invalid_inventory(tmp_path, PLAIN.replace('"node_rank": 1', '"node_rank": 0'))
+    assert "sb2: node_rank = 0: sb1 has node_rank 0 too in the group at dist_init_addr '10.77.0.11:20000'" in msg, msg
+    assert "sb1: dist_init_addr = '10.77.0.11:20000': no targeted host has node_rank 1 of nnodes = 2" in msg
+    assert "allowed: each rank 0..1" in msg
+
+
+def test_plain_fields_same_nnodes_and_model(tmp_path, models_dir):
+    text = PLAIN.replace('"tp_size": 16, "nnodes": 2, "node_rank": 1', '"tp_size": 24, "nnodes": 3, "node_rank": 1')
+    msg = invalid_inventory(tmp_path, text)
+    assert "sb1: nnodes = 2: other hosts with dist_init_addr '10.77.0.11:20000' say nnodes = 3" in msg, msg
+    assert "sb2: tp_size = 24: rank 0 (sb1) of node group 'at 10.77.0.11:20000' has tp_size 16" in msg
+    text = PLAIN.replace('"node_rank": 1,', '"node_rank": 1, "model": "kimi-k2.6",')
+    msg = invalid_inventory(tmp_path, text)
+    assert "sb2: model = 'kimi-k2.6': rank 0 (sb1) of node group 'at 10.77.0.11:20000' runs 'sandbox-tiny'" in msg, msg

@@ -1,0 +1,83 @@
+"""python -m rollout INVENTORY --batch-size N [--canary 1] [--max-failed 0] [--dry] [--limit ...]
+
+Rolls deploy.py over the inventory's hosts: router hosts first, then the
+servers in inventory order - the canary batch, then batches of N - each batch
+ready before the next starts; stops at the first batch that fails. Before any
+host changes, every server's preflight (GPUs, driver, disk, port) is gathered
+and every host that cannot take the model is reported (exit 2).
+
+Exit status: 0 all ok (or --dry), 1 a batch failed (the rollout stopped),
+2 invalid settings or a failed preflight (nothing changed).
+"""
+
+from __future__ import annotations
+
+import pyinfra_cli  # noqa: F401  (gevent's monkey patching, before anything opens a socket)
+
+import argparse
+import logging
+import os
+import sys
+
+from rollout.driver import Driver, print_summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m rollout", description=__doc__.split("\n\n")[1])
+    parser.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sandbox_fleet.py")
+    parser.add_argument("--batch-size", type=int, default=1, help="servers per batch after the canary (default 1)")
+    parser.add_argument("--canary", type=int, default=0, help="servers in the first batch, alone (default 0: none)")
+    parser.add_argument("--max-failed", type=int, default=0,
+                        help="failed hosts tolerated before the rollout stops after a batch (default 0)")
+    parser.add_argument("--dry", action="store_true", help="print every batch's per-host plan; change nothing")
+    parser.add_argument("--diff", action="store_true", help="with --dry: unified diffs of the managed files")
+    parser.add_argument("--limit", action="append", default=[], metavar="PATTERN",
+                        help="only these hosts or groups (fnmatch patterns; repeatable)")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                        help="override data for every host, like pyinfra's --data (JSON values parsed)")
+    parser.add_argument("--group-data", action="append", default=[], metavar="DIR",
+                        help="another group_data directory (its files override), like pyinfra's --group-data")
+    parser.add_argument("--deploy", default="deploy.py", help="the deploy file (default deploy.py)")
+    parser.add_argument("--no-preflight", action="store_true", help="skip the fleet preflight")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings, errors and the summary")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyinfra_cli.log import setup_logging
+    from pyinfra_cli.util import parse_cli_arg
+
+    args = parse_args(argv)
+    for name, value in (("--batch-size", args.batch_size), ("--canary", args.canary + 1),
+                        ("--max-failed", args.max_failed + 1)):
+        if value < 1:
+            print(f"rollout: {name} must be >= {1 if name == '--batch-size' else 0}", file=sys.stderr)
+            return 2
+    data = {}
+    for item in args.data:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"rollout: --data {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        data[key] = parse_cli_arg(value)
+    if not sys.stderr.isatty():
+        os.environ.setdefault("PYINFRA_PROGRESS", "off")
+    setup_logging(logging.WARNING if args.quiet else logging.INFO)
+    from tasks.spec import SpecError
+
+    driver = Driver(
+        args.inventory, batch_size=args.batch_size, canary=args.canary, max_failed=args.max_failed,
+        dry=args.dry, diff=args.diff, limit=args.limit, data=data, group_data=args.group_data,
+        deploy_file=args.deploy, preflight=not args.no_preflight,
+    )
+    try:
+        report = driver.run()
+    except SpecError as err:
+        print(f"rollout: {err}", file=sys.stderr)
+        return 2
+    print_summary(report)
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

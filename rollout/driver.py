@@ -1,0 +1,507 @@
+"""The rolling rollout: deploy.py over a fleet in readiness-gated batches.
+
+pyinfra has no batches (``--serial`` is a batch of one, and its host order is
+a set), so this drives pyinfra's API the way its CLI does - State, Inventory,
+Config, connect_all, load the deploy file, run_ops - once per batch, over the
+hosts of that batch only:
+
+1. settings of every targeted host validated (tasks/spec.py), then a fleet
+   preflight: every server's GPUs, driver, disk and port gathered in
+   parallel; every host that cannot take the model is reported, and nothing
+   changes anywhere unless all can;
+2. router hosts first (one at a time), then the servers in inventory order:
+   the canary batch, then batches of ``batch_size``; each batch runs the
+   whole pipeline, readiness included (and, behind a router, drain before the
+   restart and registration after), so a batch is ready before the next
+   starts;
+3. a batch with failed hosts stops the rollout once more than ``max_failed``
+   hosts failed in all; later hosts are not touched. Inside a batch every
+   host runs to the end of its pipeline or its own failure (no host is left
+   drained half-way because another one failed);
+4. a summary table: host, batch, result, changed, restarted, time to ready,
+   error.
+
+``dry=True`` prepares every batch with change detection and prints each
+host's plan; nothing is executed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Batch:
+    label: str  # "router", "canary", "1", "2", ...
+    hosts: list[str]
+
+
+@dataclass
+class HostResult:
+    host: str
+    batch: str
+    result: str = "not run"  # "ok", "failed", "not run", "planned", "preflight failed"
+    changed: bool | None = None
+    restarted: bool | None = None
+    ready_s: float | None = None
+    error: str = ""
+    changes: list[str] = field(default_factory=list)  # dry: the operations that would change
+
+
+@dataclass
+class RolloutReport:
+    results: dict[str, HostResult]
+    batches: list[Batch]
+    exit_code: int
+    preflight_problems: dict[str, list[str]] = field(default_factory=dict)
+    batch_seconds: dict[str, float] = field(default_factory=dict)
+    total_s: float = 0.0
+    preflight_s: float = 0.0
+    stopped_after: str | None = None
+
+
+def plan_batches(routers: list[str], servers: list[str], batch_size: int, canary: int) -> list[Batch]:
+    """Router hosts one at a time, then the canary batch, then batches of batch_size, in the given order.
+
+    >>> [(b.label, b.hosts) for b in plan_batches(["r"], ["a", "b", "c", "d"], 2, 1)]
+    [('router', ['r']), ('canary', ['a']), ('1', ['b', 'c']), ('2', ['d'])]
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    if canary < 0:
+        raise ValueError(f"canary must be >= 0, got {canary}")
+    batches = [Batch("router" if len(routers) == 1 else f"router {i + 1}", [name])
+               for i, name in enumerate(routers)]
+    rest = list(servers)
+    if canary and rest:
+        batches.append(Batch("canary", rest[:canary]))
+        rest = rest[canary:]
+    for i in range(0, len(rest), batch_size):
+        batches.append(Batch(str(i // batch_size + 1), rest[i : i + batch_size]))
+    return batches
+
+
+def select_hosts(inventory, limit: Iterable[str] | None) -> list:
+    """Hosts in inventory order, restricted to --limit patterns (group names or fnmatch patterns)."""
+    hosts = list(inventory)
+    patterns = list(limit or [])
+    if not patterns:
+        return hosts
+    chosen = set()
+    for pattern in patterns:
+        group = inventory.get_group(pattern, None) if hasattr(inventory, "get_group") else None
+        if group:
+            chosen.update(h.name for h in group)
+        chosen.update(h.name for h in hosts if fnmatch(h.name, pattern))
+    return [h for h in hosts if h.name in chosen]
+
+
+# --------------------------------------------------------------------------- pyinfra
+
+
+class _ErrorLines(logging.Handler):
+    """Collects the error lines pyinfra and the steps log, by host."""
+
+    def __init__(self):
+        super().__init__(level=logging.ERROR)
+        self.lines: dict[str, list[str]] = {}
+
+    def emit(self, record):
+        try:
+            message = record.msg % record.args if record.args else str(record.msg)
+        except Exception:  # noqa: BLE001
+            return
+        _collect(self.lines, message)
+
+
+def _collect(store: dict[str, list[str]], message: str) -> None:
+    text = _ANSI.sub("", str(message)).strip()
+    match = re.match(r"^\[([^\]]+)\]\s*(.*)$", text)
+    if match and match.group(2).strip():
+        store.setdefault(match.group(1), []).append(match.group(2).strip())
+
+
+@contextmanager
+def _captured_output(store: dict[str, list[str]]):
+    """Tee the remote output lines pyinfra prints ("[host] line") into ``store``."""
+    from pyinfra.connectors import util as connector_util
+
+    original = connector_util.echo
+
+    def tee(message=None, *args, **kwargs):
+        if message is not None:
+            _collect(store, message)
+        return original(message, *args, **kwargs)
+
+    connector_util.echo = tee
+    try:
+        yield
+    finally:
+        connector_util.echo = original
+
+
+_GENERIC = ("Error", "Error: executed", "Unexpected error", "Error in nested operation")
+
+
+def _explain(lines: list[str]) -> str:
+    """The line that says why a host failed."""
+    for prefix in ("cause:", "FAILED:", "preflight:", "service:", "router:"):
+        for line in lines:
+            if line.startswith(prefix):
+                return line
+    useful = [line for line in lines if not line.startswith(_GENERIC)]
+    return (useful or lines or [""])[-1]
+
+
+class Driver:
+    """One rollout. ``run()`` returns a RolloutReport; ``print_summary`` shows it."""
+
+    def __init__(
+        self,
+        inventory_path: str,
+        batch_size: int = 1,
+        canary: int = 0,
+        max_failed: int = 0,
+        dry: bool = False,
+        diff: bool = False,
+        limit: Iterable[str] | None = None,
+        data: dict | None = None,
+        group_data: Iterable[str] | None = None,
+        deploy_file: str = "deploy.py",
+        preflight: bool = True,
+        echo: Callable[[str], None] | None = None,
+    ):
+        self.inventory_path = str(inventory_path)
+        self.batch_size = batch_size
+        self.canary = canary
+        self.max_failed = max_failed
+        self.dry = dry
+        self.diff = diff
+        self.limit = list(limit or [])
+        self.data = dict(data or {})
+        self.group_data = [str(Path(d).resolve()) for d in group_data or []]
+        self.deploy_file = deploy_file
+        self.preflight = preflight
+        self.echo = echo or (lambda line: print(line, flush=True))
+        self.errors: dict[str, list[str]] = {}
+
+    # -- pyinfra plumbing
+
+    def _state(self, check_for_changes: bool):
+        """A fresh State + Config + Inventory, set as pyinfra's context (like its CLI)."""
+        from pyinfra.api import Config, State
+        from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+        from pyinfra_cli.inventory import make_inventory
+
+        state = State(check_for_changes=check_for_changes)
+        state.cwd = str(REPO_ROOT)
+        ctx_state.set(state)
+        # FAIL_PERCENT None: every host of a batch runs to its end or its own failure;
+        # the driver gates the batches (max_failed)
+        config = Config(FAIL_PERCENT=None, DIFF=self.diff)
+        ctx_config.set(config)
+        inventory = make_inventory(self.inventory_path, cwd=state.cwd, override_data=dict(self.data),
+                                   group_data_directories=self.group_data or None)
+        ctx_inventory.set(inventory)
+        return state, config, inventory
+
+    def _start(self, state, config, inventory, names: list[str]):
+        from pyinfra.api.connect import connect_all
+        from pyinfra.api.state import StateStage
+
+        config.lock_current_state()
+        limit = [inventory.get_host(name) for name in names]
+        state.init(inventory, config, initial_limit=limit)
+        state.set_stage(StateStage.Connect)
+        from pyinfra.api.exceptions import PyinfraError
+
+        try:
+            connect_all(state)
+        except PyinfraError as err:  # all hosts failed to connect
+            for host in limit:
+                self.errors.setdefault(host.name, []).append(f"cannot connect: {err}")
+            return []
+        unreachable = [h.name for h in limit if h not in state.active_hosts]
+        for name in unreachable:
+            self.errors.setdefault(name, []).append("cannot connect over ssh")
+        return [h for h in limit if h in state.active_hosts]
+
+    @staticmethod
+    def _stop(state) -> None:
+        from pyinfra.api.connect import disconnect_all
+
+        try:
+            disconnect_all(state)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- steps
+
+    def load(self):
+        """(routers, servers, inventory order) of the targeted hosts, specs validated."""
+        from tasks.spec import SpecError, host_spec
+
+        state, config, inventory = self._state(check_for_changes=True)
+        hosts = select_hosts(inventory, self.limit)
+        if not hosts:
+            raise SystemExit(f"rollout: no host of {self.inventory_path} matches --limit {' '.join(self.limit)}")
+        problems = []
+        routers, servers = [], []
+        for host in hosts:
+            try:
+                spec = host_spec(host)
+            except SpecError as err:
+                problems.extend(err.lines)
+                continue
+            (routers if getattr(spec, "role", "server") == "router" else servers).append(host.name)
+        if problems:
+            raise SpecError(problems, header="invalid settings: nothing was changed")
+        return routers, servers
+
+    def gather_preflight(self, routers: list[str], servers: list[str]) -> dict[str, list[str]]:
+        """{host: problems} for every targeted host that cannot take the model (or cannot be reached)."""
+        import gevent
+        from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+        from tasks import model as model_step
+        from tasks import preflight as preflight_step
+        from tasks.spec import SpecError, host_spec, validate_inventory
+
+        state, config, inventory = self._state(check_for_changes=True)
+        active = self._start(state, config, inventory, routers + servers)
+        problems: dict[str, list[str]] = {name: list(self.errors.pop(name, [])) for name in routers + servers}
+        try:
+            with ctx_state.use(state), ctx_inventory.use(inventory):
+                try:
+                    validate_inventory(inventory)
+                except SpecError as err:
+                    for line in err.lines:
+                        problems.setdefault(line.split(":", 1)[0], []).append(line.split(": ", 1)[-1])
+
+                def one(host) -> list[str]:
+                    with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
+                        try:
+                            spec = host_spec(host)
+                            if getattr(spec, "role", "server") == "router":
+                                return []
+                            spec = preflight_step.resolved_spec(spec)
+                        except SpecError as err:
+                            return [line.split(": ", 1)[-1] for line in err.lines]
+                        gpus = host.get_fact(preflight_step.NvidiaGpus)
+                        holder = host.get_fact(preflight_step.PortListener, port=spec.listen_port)
+                        found = preflight_step.preflight_problems(spec, gpus, holder)
+                        found += driver_problems(spec, gpus)
+                        try:
+                            disk = model_step.disk_shortfall(spec)
+                        except Exception as err:  # noqa: BLE001 - the Hub unreachable, ...
+                            disk = f"cannot check the disk: {err}"
+                        if disk:
+                            found.append(disk)
+                        return found
+
+                greenlets = {host.name: gevent.spawn(one, host) for host in active if host.name in servers}
+                gevent.joinall(list(greenlets.values()))
+                for name, greenlet in greenlets.items():
+                    if greenlet.exception is not None:
+                        problems[name].append(f"preflight error: {greenlet.exception}")
+                    else:
+                        problems[name].extend(greenlet.value or [])
+        finally:
+            self._stop(state)
+        return {name: lines for name, lines in problems.items() if lines}
+
+    def run_batch(self, batch: Batch, results: dict[str, HostResult]) -> None:
+        """Run (or, dry, prepare) the deploy on the hosts of one batch; fill their results."""
+        from pyinfra.api.exceptions import PyinfraError
+        from pyinfra.api.operations import run_ops
+        from pyinfra.api.state import StateStage
+        from pyinfra_cli.util import load_deploy_file
+
+        from rollout.record import READY_S
+        from tasks.service import RESTARTED_THIS_RUN
+
+        errors = _ErrorLines()
+        from pyinfra import logger
+
+        logger.addHandler(errors)
+        state, config, inventory = self._state(check_for_changes=self.dry)
+        try:
+            with _captured_output(errors.lines):
+                active = self._start(state, config, inventory, batch.hosts)
+                if active:
+                    state.set_stage(StateStage.Prepare)
+                    load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
+                    config.reset_locked_state()
+                    if not self.dry:
+                        state.set_stage(StateStage.Execute)
+                        try:
+                            run_ops(state)
+                        except PyinfraError as err:  # "No hosts remaining!": every host failed
+                            for host in active:
+                                errors.lines.setdefault(host.name, []).append(str(err))
+            for name in batch.hosts:
+                result = results[name]
+                host = inventory.get_host(name)
+                lines = errors.lines.get(name, []) + self.errors.pop(name, [])
+                if host not in active:
+                    result.result, result.error = "failed", _explain(lines) or "cannot connect"
+                    continue
+                if self.dry:
+                    result.result = "planned"
+                    result.changes = self._planned_changes(state, host)
+                    result.changed = bool(result.changes)
+                    continue
+                failed_op = None
+                changed = False
+                for op_hash in state.get_op_order():
+                    op_data = state.ops[host].get(op_hash)
+                    if op_data is None:
+                        continue
+                    meta = op_data.operation_meta
+                    if not meta.is_complete():
+                        continue
+                    if meta.did_error() and failed_op is None:
+                        failed_op = ", ".join(state.get_op_meta(op_hash).names)
+                    changed = changed or meta.did_change()
+                failed = host in state.failed_hosts or failed_op is not None
+                result.result = "failed" if failed else "ok"
+                result.changed = changed
+                result.restarted = name in RESTARTED_THIS_RUN
+                result.ready_s = READY_S.get(name)
+                if failed:
+                    why = _explain(lines)
+                    result.error = f"{failed_op}: {why}" if failed_op and why else (failed_op or why or "failed")
+        finally:
+            logger.removeHandler(errors)
+            self._stop(state)
+
+    @staticmethod
+    def _planned_changes(state, host) -> list[str]:
+        out = []
+        for op_hash in state.get_op_order():
+            op_data = state.ops[host].get(op_hash)
+            if op_data is not None and op_data.operation_meta._maybe_is_change:
+                out.append(", ".join(state.get_op_meta(op_hash).names))
+        return out
+
+    # -- the rollout
+
+    def run(self) -> RolloutReport:
+        started = time.monotonic()
+        routers, servers = self.load()
+        batches = plan_batches(routers, servers, self.batch_size, self.canary)
+        results = {name: HostResult(name, batch.label) for batch in batches for name in batch.hosts}
+        report = RolloutReport(results=results, batches=batches, exit_code=0)
+        self.echo(f"rollout: {len(routers)} router host(s), {len(servers)} server(s) in {len(batches)} batch(es): "
+                  + "; ".join(f"{b.label}: {', '.join(b.hosts)}" for b in batches))
+        if self.preflight:
+            t0 = time.monotonic()
+            problems = self.gather_preflight(routers, servers)
+            report.preflight_s = time.monotonic() - t0
+            report.preflight_problems = problems
+            if problems:
+                for name, lines in problems.items():
+                    results[name].result = "preflight failed"
+                    results[name].error = "; ".join(lines)
+                    for line in lines:
+                        self.echo(f"rollout: preflight: {name}: {line}")
+                self.echo(f"rollout: {len(problems)} host(s) cannot take the deploy: nothing was changed on any host")
+                report.exit_code = 2
+                report.total_s = time.monotonic() - started
+                return report
+            self.echo(f"rollout: preflight ok on {len(servers)} server(s) ({report.preflight_s:.1f} s)")
+        failed_total = 0
+        for batch in batches:
+            self.echo(f"rollout: batch {batch.label}: {', '.join(batch.hosts)}"
+                      + (" (dry: plan only)" if self.dry else ""))
+            t0 = time.monotonic()
+            self.run_batch(batch, results)
+            report.batch_seconds[batch.label] = time.monotonic() - t0
+            if self.dry:
+                for name in batch.hosts:
+                    changes = results[name].changes
+                    self.echo(f"rollout: plan {name}: " + (", ".join(changes) if changes else "no change"))
+                continue
+            failed = [name for name in batch.hosts if results[name].result == "failed"]
+            failed_total += len(failed)
+            self.echo(f"rollout: batch {batch.label} done in {report.batch_seconds[batch.label]:.1f} s"
+                      + (f", failed: {', '.join(failed)}" if failed else ", ready"))
+            if failed_total > self.max_failed:
+                report.stopped_after = batch.label
+                report.exit_code = 1
+                later = [n for b in batches[batches.index(batch) + 1 :] for n in b.hosts]
+                if later:
+                    self.echo(f"rollout: stopped after batch {batch.label} ({failed_total} failed host(s) > "
+                              f"--max-failed {self.max_failed}): not touched: {', '.join(later)}")
+                break
+        report.total_s = time.monotonic() - started
+        return report
+
+
+def driver_problems(spec, gpus) -> list[str]:
+    """The NVIDIA driver below the spec's min_driver_version."""
+    wanted = getattr(spec, "min_driver_version", None)
+    if not wanted or not gpus:
+        return []
+    have = gpus[0].driver_version
+
+    def key(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", text))
+
+    if key(have) < key(wanted):
+        return [f"NVIDIA driver {have} is older than min_driver_version {wanted}"]
+    return []
+
+
+# --------------------------------------------------------------------------- output
+
+
+def summary_table(report: RolloutReport):
+    """The rollout's summary as a rich Table."""
+    from rich.table import Table
+
+    title = "rollout" + (" (dry run: nothing changed)" if any(r.result == "planned" for r in report.results.values())
+                         else "")
+    table = Table(title=title)
+    for column in ("host", "batch", "result", "changed", "restarted", "time to ready", "error"):
+        table.add_column(column, overflow="fold")
+
+    def yes_no(value: bool | None) -> str:
+        return "-" if value is None else ("yes" if value else "no")
+
+    for result in report.results.values():
+        table.add_row(
+            result.host,
+            result.batch,
+            result.result,
+            yes_no(result.changed),
+            yes_no(result.restarted),
+            f"{result.ready_s:.1f} s" if result.ready_s is not None else "-",
+            result.error,
+        )
+    return table
+
+
+def print_summary(report: RolloutReport, console=None) -> None:
+    from rich.console import Console
+
+    console = console or Console(stderr=False, width=max(120, int(os.environ.get("COLUMNS", "0") or 0)))
+    console.print(summary_table(report))
+    ok = sum(r.result == "ok" for r in report.results.values())
+    restarted = sum(bool(r.restarted) for r in report.results.values())
+    console.print(
+        f"rollout: {ok}/{len(report.results)} host(s) ok, {restarted} restarted, "
+        f"{report.total_s:.1f} s in all (preflight {report.preflight_s:.1f} s)"
+        + (f"; stopped after batch {report.stopped_after}" if report.stopped_after else "")
+    )

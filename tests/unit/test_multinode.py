@@ -1,0 +1,332 @@
+"""tasks/multinode.py and remote/wait_ready.py's slices, without sandbox hosts:
+the ranks of a group run as gevent greenlets (as pyinfra runs them) against
+scripted hosts; the group's node_group settings are in tests/unit/test_spec.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import gevent
+import pytest
+from pyinfra.context import ctx_host, ctx_state
+
+from tasks import multinode as M
+from tasks import spec as S
+
+REPO = Path(__file__).resolve().parents[2]
+LABEL = "tp16"
+
+
+# ---------------------------------------------------------------- fakes
+
+
+@dataclass
+class Output:
+    stdout_lines: list[str]
+    stderr_lines: list[str] = field(default_factory=list)
+
+
+class FakeHost:
+    """A host whose shell commands are answered by ``script(command) -> (ok, stdout lines)``."""
+
+    def __init__(self, name: str, script=None):
+        self.name = name
+        self.print_prefix = f"[{name}] "
+        self.executing_op_hash = "op"
+        self.script = script or (lambda command: (True, []))
+        self.commands: list[str] = []
+        self.logs: list[str] = []
+        self.inventory = None
+
+    def run_shell_command(self, command, **kwargs):
+        text = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+        self.commands.append(text)
+        ok, lines = self.script(text)
+        return ok, Output(list(lines))
+
+    def log(self, message, log_func=None):
+        self.logs.append(message)
+
+    def log_styled(self, message, log_func=None, **kwargs):
+        self.logs.append(message)
+
+
+class FakeState:
+    def __init__(self, hosts):
+        self.active_hosts = set(hosts)
+        self.failed_hosts = set()
+
+
+def spec_for(rank: int, nnodes: int = 2):
+    return SimpleNamespace(
+        group_key=LABEL, group_label=LABEL, node_rank=rank, nnodes=nnodes, unit_name="sglang.service",
+        venv_python="/usr/bin/python3", listen_host="0.0.0.0", listen_port=30000, served_model_name="tiny",
+        readiness_timeout_s=120.0, server_options={}, options_path="/etc/sglang/sglang.yaml",
+    )
+
+
+@pytest.fixture
+def group():
+    """Two ranks (g0, g1) of group tp16 and a fresh run; run(fn) runs fn(rank) per rank in greenlets."""
+    hosts = [FakeHost("g0"), FakeHost("g1")]
+    state = FakeState(hosts)
+    inventory = SimpleNamespace(get_host=lambda name, default=None: {h.name: h for h in hosts}.get(name, default))
+    for h in hosts:
+        h.inventory = inventory
+    M.RESTARTED_THIS_RUN.difference_update({"g0", "g1"})
+
+    def run(fn, timeout=20):
+        def one(rank):
+            with ctx_host.use(hosts[rank]):
+                return fn(rank)
+
+        with ctx_state.use(state):
+            M._run().members[LABEL] = [h.name for h in hosts]
+            greenlets = [gevent.spawn(one, rank) for rank in range(len(hosts))]
+            gevent.joinall(greenlets, timeout=timeout, raise_error=True)
+        assert all(g.ready() for g in greenlets), "a rank is still waiting"
+        return [g.value for g in greenlets]
+
+    yield SimpleNamespace(hosts=hosts, state=state, run=run)
+    M.RESTARTED_THIS_RUN.difference_update({"g0", "g1"})
+
+
+# ---------------------------------------------------------------- meet()
+
+
+def test_meet_returns_every_ranks_value(group):
+    values = group.run(lambda rank: M.meet(spec_for(rank), "decide", [f"reason {rank}"] if rank else []))
+    assert values == [{"g0": [], "g1": ["reason 1"]}] * 2
+
+
+def test_meet_fails_when_a_rank_failed_in_an_earlier_step(group):
+    group.state.failed_hosts.add(group.hosts[1])
+    group.state.active_hosts.discard(group.hosts[1])
+
+    def rank0(rank):
+        if rank == 1:
+            return None  # pyinfra does not run the step on a failed host
+        with pytest.raises(M.GroupError, match=r"rank 1 \(g1\) failed in an earlier step"):
+            M.meet(spec_for(0), "decide", [])
+        return "raised"
+
+    assert group.run(rank0)[0] == "raised"
+
+
+def test_meet_gives_up_when_the_ranks_do_not_run_in_parallel(group, monkeypatch):
+    monkeypatch.setattr(M, "NOT_PARALLEL_S", 0.2)
+    group.hosts[1].executing_op_hash = None  # --serial: rank 1 has not started this step
+
+    def rank0(rank):
+        if rank == 1:
+            return None
+        with pytest.raises(M.GroupError, match=r"rank 1 \(g1\) is not in this step at the same time.*--serial"):
+            M.meet(spec_for(0), "decide", [])
+        return "raised"
+
+    assert group.run(rank0)[0] == "raised"
+
+
+def test_abort_ends_every_wait(group):
+    def ranks(rank):
+        if rank == 1:
+            gevent.sleep(0.1)
+            M.abort(spec_for(1), "rank 1 (g1) could not stop sglang.service")
+            return None
+        with pytest.raises(M.GroupError, match="could not stop"):
+            M.meet(spec_for(0), "stopped", True)
+        return "raised"
+
+    assert group.run(ranks)[0] == "raised"
+
+
+# ---------------------------------------------------------------- the group restart
+
+
+def test_restart_stops_rank0_first_then_the_others_then_starts_all(group):
+    events = []
+
+    def script_for(name):
+        def script(command):
+            kind = "start" if "systemctl start" in command else "stop"
+            events.append((kind, name))
+            gevent.sleep(0.05)
+            return True, ([f"baseline: inv-{name}:0"] if kind == "start" else [])
+        return script
+
+    for h in group.hosts:
+        h.script = script_for(h.name)
+    results = group.run(lambda rank: M._group_restart(group.state, group.hosts[rank], spec_for(rank)))
+    assert results == [True, True]
+    assert events[0] == ("stop", "g0") and events[1] == ("stop", "g1")
+    assert {e for e in events[2:]} == {("start", "g0"), ("start", "g1")}
+    assert M.RESTARTED_THIS_RUN >= {"g0", "g1"}
+    with ctx_state.use(group.state):
+        assert M._run().baselines == {"g0": "inv-g0:0", "g1": "inv-g1:0"}
+    # rank 1 gets SIGKILL only if it still runs NONZERO_STOP_GRACE_S after rank 0 stopped
+    assert "systemctl kill -s SIGKILL" in group.hosts[1].commands[0]
+    assert "SIGKILL" not in group.hosts[0].commands[0]
+
+
+def test_restart_rank0_cannot_stop_nobody_starts(group):
+    group.hosts[0].script = lambda command: (False, ["Failed to stop sglang.service: Access denied"])
+    results = group.run(lambda rank: M._group_restart(group.state, group.hosts[rank], spec_for(rank)))
+    assert results == [False, False]
+    assert not any("systemctl start" in c for h in group.hosts for c in h.commands)
+    assert any("rank 0 (g0) could not stop sglang.service" in line for line in group.hosts[1].logs)
+
+
+# ---------------------------------------------------------------- the group's readiness
+
+
+def slices(*answers):
+    """A script answering each readiness slice with the next (ok, lines); the last repeats."""
+    answers = list(answers)
+
+    def script(command):
+        gevent.sleep(0.02)
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    return script
+
+
+PENDING = (False, ["baseline: inv:0", "pending: /health 503 (loading), active/running"])
+
+
+def test_ready_at_rank0_while_rank1_stays_active(group):
+    group.hosts[0].script = slices(PENDING, PENDING, (True, ["ready: sglang.service serves tiny at http://x (2.0 s to ready, pid 7)"]))
+    group.hosts[1].script = slices((False, ["pending: active/running"]))
+    results = group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
+    assert results == [True, True]
+    assert any("ready: sglang.service serves tiny" in line for line in group.hosts[0].logs)
+    assert any("node group tp16 is ready at rank 0 (g0)" in line for line in group.hosts[1].logs)
+    # rank 0 checks HTTP; rank 1 only watches its unit (the arguments after the script's text)
+    args0, args1 = (h.commands[0].rsplit("--unit", 1)[1] for h in group.hosts)
+    assert "--served-name tiny" in args0 and "--watch" not in args0
+    assert "--watch" in args1 and "--served-name" not in args1
+    assert "--baseline inv:0" in group.hosts[0].commands[1]  # the first slice's baseline carries over
+
+
+def test_a_failing_rank_fails_the_group_at_once_with_its_journal(group):
+    failed = (False, [
+        "FAILED: sglang.service is activating/auto-restart (result exit-code, restarts 0) after 0.4 s",
+        "cause: ModuleNotFoundError: No module named 'msgspec'",
+        "journal:",
+        "  Traceback (most recent call last):",
+        "  ModuleNotFoundError: No module named 'msgspec'",
+    ])
+    group.hosts[0].script = slices(PENDING)  # rank 0 would wait until its timeout
+    group.hosts[1].script = slices((False, ["baseline: inv:0", "pending: active/running"]), failed)
+    started = time.monotonic()
+    results = group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
+    assert results == [False, False]
+    assert time.monotonic() - started < 2
+    logs1 = group.hosts[1].logs
+    assert logs1[0] == "readiness: node group tp16 failed at rank 1 (g1):"
+    assert logs1[1].startswith("FAILED: sglang.service is activating/auto-restart")
+    assert logs1[2] == "cause: ModuleNotFoundError: No module named 'msgspec'"
+    assert "  Traceback (most recent call last):" in logs1
+    assert group.hosts[0].logs[-1] == (
+        "readiness: node group tp16 failed at rank 1 (g1): cause: ModuleNotFoundError: No module named 'msgspec'"
+    )
+
+
+def test_a_check_that_cannot_run_is_that_ranks_failure(group):
+    group.hosts[0].script = slices(PENDING)
+    group.hosts[1].script = slices((False, []))
+    results = group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
+    assert results == [False, False]
+    assert "FAILED: the readiness check could not run" in group.hosts[1].logs
+    assert "failed at rank 1 (g1)" in group.hosts[0].logs[-1]
+
+
+def test_restarted_rank_waits_from_the_baseline_of_its_start(group):
+    M.RESTARTED_THIS_RUN.update({"g0", "g1"})
+    group.hosts[0].script = slices((True, ["ready: sglang.service serves tiny at http://x (1.0 s to ready, pid 7)"]))
+    group.hosts[1].script = slices((False, ["pending: active/running"]))
+    with ctx_state.use(group.state):
+        M._run().baselines.update({"g0": "inv0:0", "g1": "inv1:0"})
+    group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
+    assert "--baseline inv0:0" in group.hosts[0].commands[0]
+
+
+# ---------------------------------------------------------------- remote/wait_ready.py in slices
+
+
+def load_wait_ready():
+    spec = importlib.util.spec_from_file_location("wait_ready_under_test", REPO / "remote" / "wait_ready.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def wait_ready(monkeypatch):
+    module = load_wait_ready()
+    monkeypatch.setattr(module, "POLL_S", 0.01)
+    monkeypatch.setattr(module, "gpu_memory", lambda: "GPU MiB used: 1 1")
+    monkeypatch.setattr(module, "journal_lines", lambda unit, invocation, count=25: [
+        "Traceback (most recent call last):", "ModuleNotFoundError: No module named 'msgspec'",
+        "sglang.service: Main process exited, code=exited, status=1/FAILURE",
+    ])
+    return module
+
+
+def unit(active="active", sub="running", restarts="0", invocation="inv"):
+    return {"ActiveState": active, "SubState": sub, "NRestarts": restarts, "InvocationID": invocation,
+            "Result": "success", "MainPID": "42"}
+
+
+def test_slice_without_verdict_prints_baseline_and_pending(wait_ready, monkeypatch, capsys):
+    monkeypatch.setattr(wait_ready, "unit_state", lambda u: unit())
+    monkeypatch.setattr(wait_ready, "get", lambda url, key: (503, b""))
+    rc = wait_ready.main(["--unit", "sglang.service", "--url", "http://x", "--served-name", "tiny",
+                          "--slice", "0.05", "--elapsed", "10", "--progress"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == wait_ready.PENDING == 3
+    assert out[0] == "baseline: inv:0"
+    assert out[1].startswith("waiting: 10 s, /health 503 (loading), active/running; GPU MiB used")
+    assert out[2] == "pending: /health 503 (loading), active/running"
+
+
+def test_watch_slice_fails_on_auto_restart_with_the_cause_first(wait_ready, monkeypatch, capsys):
+    monkeypatch.setattr(wait_ready, "unit_state", lambda u: unit("activating", "auto-restart"))
+    monkeypatch.setattr(wait_ready, "get", lambda url, key: pytest.fail("--watch makes no HTTP request"))
+    rc = wait_ready.main(["--unit", "sglang.service", "--watch", "--slice", "1", "--baseline", "inv:0"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1
+    assert out[0].startswith("FAILED: sglang.service is activating/auto-restart")
+    assert out[1] == "cause: ModuleNotFoundError: No module named 'msgspec'"
+
+
+def test_baseline_from_an_earlier_slice_catches_a_restart_in_between(wait_ready, monkeypatch, capsys):
+    monkeypatch.setattr(wait_ready, "unit_state", lambda u: unit(restarts="1", invocation="inv2"))
+    monkeypatch.setattr(wait_ready, "get", lambda url, key: (503, b""))
+    rc = wait_ready.main(["--unit", "sglang.service", "--watch", "--slice", "1", "--baseline", "inv:0"])
+    assert rc == 1
+    assert "restarts 1" in capsys.readouterr().out
+
+
+def test_slice_ready_at_rank0(wait_ready, monkeypatch, capsys):
+    monkeypatch.setattr(wait_ready, "unit_state", lambda u: unit())
+    monkeypatch.setattr(wait_ready, "get", lambda url, key: (200, b'{"data": [{"id": "tiny"}]}'))
+    rc = wait_ready.main(["--unit", "sglang.service", "--url", "http://x", "--served-name", "tiny",
+                          "--slice", "1", "--elapsed", "3"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert out[-1].startswith("ready: sglang.service serves tiny at http://x (3.0 s to ready")
+
+
+def test_without_slice_it_behaves_as_before(wait_ready, monkeypatch, capsys):
+    states = iter([unit(), unit("failed", "failed")])
+    monkeypatch.setattr(wait_ready, "unit_state", lambda u: next(states))
+    monkeypatch.setattr(wait_ready, "get", lambda url, key: (503, b""))
+    rc = wait_ready.main(["--unit", "sglang.service", "--url", "http://x", "--served-name", "tiny"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1 and not any(line.startswith(("baseline:", "pending:")) for line in out)
+    assert out[0].startswith("FAILED: sglang.service is failed/failed")

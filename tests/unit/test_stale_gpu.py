@@ -1,0 +1,60 @@
+"""stale_gpu_processes_stopped: which processes count as stale and how each is stopped."""
+
+from __future__ import annotations
+
+import pytest
+from pyinfra.api import FunctionCommand
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra_testing.util import FakeState, create_host
+
+from tasks.preflight import Gpu
+from tasks.stale_gpu import GpuProcess, stale_gpu_processes_stopped
+
+GPUS = [Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000", 97887, 0, "12.0", "580.95.05", f"0:{i}") for i in range(4)]
+EMBEDDER = GpuProcess(4242, "/usr/bin/python3", 56320, "GPU-0", "embedder.service")
+OURS = GpuProcess(900, "python3", 83203, "GPU-1", "sglang.service")
+SESSION = GpuProcess(5151, "python3", 1024, "GPU-2", "session-4.scope")
+ELSEWHERE = GpuProcess(6000, "python3", 1024, "GPU-3", None)  # on a GPU we do not use
+
+
+def run_op(processes, **kwargs):
+    state = FakeState()
+    host = create_host(state, facts={"preflight.NvidiaGpus": GPUS, "stale_gpu.GpuComputeProcesses": processes})
+    with ctx_state.use(state), ctx_host.use(host):
+        commands = list(stale_gpu_processes_stopped._inner(gpu_ids=[0, 1, 2], own_unit="sglang.service", **kwargs))
+    return host, commands
+
+
+def test_only_our_own_unit_and_other_gpus_means_no_op():
+    host, commands = run_op([OURS, ELSEWHERE])
+    assert commands == []
+    assert host.noop_description == "no other compute process on GPUs [0, 1, 2]"
+
+
+def test_a_service_is_stopped_through_systemd_and_a_session_process_by_signal():
+    _host, commands = run_op([EMBEDDER, OURS, SESSION], grace_s=7)
+    assert len(commands) == 1 and isinstance(commands[0], FunctionCommand)
+    units, pids, grace, _wait, names = commands[0].args
+    assert units == ["embedder.service"] and pids == [5151] and grace == 7
+    assert names[4242] == "pid 4242 (python3 of embedder.service) holds 56320 MiB on GPU 0"
+
+
+@pytest.mark.parametrize(
+    "kwargs, why",
+    [
+        ({"protect_units": ["embedder.service"]}, "protected"),
+        ({"protect_process_names": ["python3"]}, "protected"),
+        ({"policy": "fail"}, "stale_policy = 'fail'"),
+    ],
+)
+def test_protected_or_policy_fail_fails_the_step_and_touches_nothing(kwargs, why):
+    _host, commands = run_op([EMBEDDER], **kwargs)
+    assert len(commands) == 1 and commands[0].function.__name__ == "_fail"
+    message = commands[0].args[0]
+    assert why in message and "pid 4242 (python3 of embedder.service) holds 56320 MiB on GPU 0" in message
+
+
+def test_policy_ignore_changes_nothing():
+    host, commands = run_op([EMBEDDER], policy="ignore")
+    assert commands == []
+    assert "stale GPU processes ignored" in host.noop_description
