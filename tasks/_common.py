@@ -64,18 +64,12 @@ def fail_command(message: str) -> FunctionCommand:
     return FunctionCommand(_fail, (message,), {})
 
 
-def _say(state, host, message: str) -> bool:
-    for line in message.splitlines():
-        host.log_styled(line, fg="yellow", log_func=logger.warning)
-    return True
-
-
-def say_command(message: str) -> FunctionCommand:
-    """A command that prints a warning/notice line when it executes."""
-    return FunctionCommand(_say, (message,), {})
-
-
 def _stream(state, host, command: str, timeout: int | None) -> bool:
+    """FunctionCommand body: run ``command``, printing its output lines as they come.
+
+    pyinfra shows a command's output only with -v; progress and the journal
+    lines of a failure must reach the operator at any verbosity.
+    """
     ok, _output = host.run_shell_command(
         StringCommand(command),
         print_output=True,
@@ -83,15 +77,6 @@ def _stream(state, host, command: str, timeout: int | None) -> bool:
         _timeout=timeout,
     )
     return ok
-
-
-def streamed_command(command: str | StringCommand, timeout: int | None = None) -> FunctionCommand:
-    """Run ``command`` on the host, printing its output lines as they come.
-
-    pyinfra shows a command's output only with -v; progress, warnings and the
-    journal lines of a failure must reach the operator at any verbosity.
-    """
-    return FunctionCommand(_stream, (str(command) if isinstance(command, str) else command.get_raw_value(), timeout), {})
 
 
 def mask(text: str, secrets: Iterable[str]) -> str:

@@ -173,7 +173,13 @@ def pip_bootstrapped(path: str, get_pip_url: str, pip_wheel: str | None = None):
         host.noop(f"pip {state.pip_version} works in {path}")
         return
     python = QuoteString(venv_python(path))
-    if state.exists and state.has_ensurepip:
+    if not state.exists:
+        # the venv is made by the previous operation; at execution this runs again and picks the way
+        plan(f"bootstrap pip in the new venv {path} (ensurepip, else "
+             f"{'the uploaded pip wheel' if pip_wheel else 'get-pip.py'})")
+        yield pip(path, "--version")
+        return
+    if state.has_ensurepip:
         plan(f"bootstrap pip in {path} with ensurepip")
         yield StringCommand(python, "-m ensurepip --upgrade")
     elif pip_wheel:

@@ -1,0 +1,138 @@
+"""python -m rollout on a sandbox fleet (sgc10 router, sgc11..sgc14 servers):
+a fleet preflight that changes nothing, a rolling rollout in batches of 2
+after a canary, a no-op rollout that restarts nothing, and a failing canary
+that stops the rollout with the other hosts untouched."""
+
+import json
+import time
+import uuid
+
+import pytest
+
+from tests.integration.fleet_helpers import (
+    ROUTER,
+    SERVERS,
+    fleet,
+    override,
+    rollout,
+    started_us,
+    summary,
+)
+
+pytestmark = pytest.mark.sandbox
+
+TIMINGS: dict[str, float] = {}
+# fast restarts: the stand-in's fallback parser, 1 s load (the deploy still checks with SGLang's parser)
+FAST = {"SANDBOX_SGLANG_PARSER": "fallback", "SANDBOX_LOAD_SECONDS": "1"}
+
+
+@pytest.fixture(scope="module")
+def hosts(request):
+    started = time.monotonic()
+    out = fleet(request)
+    TIMINGS["fleet up + converged"] = time.monotonic() - started
+    yield out
+    print("\nrollout test timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
+
+
+@pytest.fixture(scope="module")
+def rolled(hosts, tmp_path_factory):
+    """The fleet after a rolling rollout that restarted every server (batches: canary, 2, 1)."""
+    folder = override(tmp_path_factory.mktemp("roll"), extra_env={**FAST, "SGC_ROLLOUT": uuid.uuid4().hex[:8]})
+    before = {name: started_us(hosts[name]) for name in SERVERS}
+    started = time.monotonic()
+    proc = rollout("--batch-size", "2", "--canary", "1", "--group-data", folder)
+    TIMINGS["rolling rollout (4 restarts)"] = time.monotonic() - started
+    return folder, before, proc
+
+
+def test_preflight_reports_every_host_and_changes_nothing(hosts):
+    units = {name: hosts[name].run("cat /etc/systemd/system/sglang.service").stdout for name in SERVERS}
+    started = {name: started_us(hosts[name]) for name in SERVERS}
+    proc = rollout("--batch-size", "2", "--data", "min_driver_version=\"999.1\"", "--data", 'extra_env={"X": "1"}')
+    assert proc.returncode == 2, proc.out
+    for name in SERVERS:
+        assert f"rollout: preflight: {name}: NVIDIA driver 580.95.05 is older than min_driver_version 999.1" in proc.out
+    assert "4 host(s) cannot take the deploy: nothing was changed on any host" in proc.out
+    assert "Starting operation" not in proc.out
+    for name in SERVERS:
+        assert hosts[name].run("cat /etc/systemd/system/sglang.service").stdout == units[name]
+        assert started_us(hosts[name]) == started[name]
+
+
+def test_rolling_rollout_canary_then_batches_of_two(hosts, rolled):
+    _folder, before, proc = rolled
+    assert proc.returncode == 0, proc.out[-5000:]
+    rows = summary(proc.out)
+    assert [rows[n]["batch"] for n in [ROUTER, *SERVERS]] == ["router", "canary", "1", "1", "2"], rows
+    for name in SERVERS:
+        assert rows[name]["result"] == "ok" and rows[name]["restarted"] == "yes", rows
+        assert rows[name]["ready"].endswith(" s"), rows
+    assert rows[ROUTER]["restarted"] == "no"
+    after = {name: started_us(hosts[name]) for name in SERVERS}
+    assert all(after[n] > before[n] for n in SERVERS)
+    # each batch was ready before the next one restarted
+    canary, b1, b2 = after["sgc11"], [after["sgc12"], after["sgc13"]], after["sgc14"]
+    ready = {n: float(rows[n]["ready"].split()[0]) for n in SERVERS}
+    assert min(b1) - canary >= ready["sgc11"] * 1e6 * 0.9, (after, ready)
+    assert b2 - max(b1) >= min(ready["sgc12"], ready["sgc13"]) * 1e6 * 0.9, (after, ready)
+    # in the order of the inventory, every server back in the router
+    workers = json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]
+    assert sorted(w["url"] for w in workers if w["is_healthy"]) == [f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)]
+
+
+def test_noop_rollout_restarts_nothing(hosts, rolled):
+    folder, _before, _proc = rolled
+    before = {name: started_us(hosts[name]) for name in SERVERS}
+    router_before = started_us(hosts[ROUTER], "sglang-router.service")
+    started = time.monotonic()
+    proc = rollout("--batch-size", "2", "--canary", "1", "--group-data", folder)
+    TIMINGS["no-op rollout"] = time.monotonic() - started
+    assert proc.returncode == 0, proc.out[-5000:]
+    rows = summary(proc.out)
+    for name in [ROUTER, *SERVERS]:
+        assert (rows[name]["result"], rows[name]["changed"], rows[name]["restarted"]) == ("ok", "no", "no"), rows
+    assert {name: started_us(hosts[name]) for name in SERVERS} == before
+    assert started_us(hosts[ROUTER], "sglang-router.service") == router_before
+
+
+def test_dry_rollout_plans_every_batch_and_changes_nothing(hosts, rolled, tmp_path):
+    folder = override(tmp_path, extra_env={**FAST, "SGC_ROLLOUT": "dry-" + uuid.uuid4().hex[:6]})
+    before = {name: started_us(hosts[name]) for name in SERVERS}
+    proc = rollout("--batch-size", "2", "--canary", "1", "--dry", "--group-data", folder)
+    assert proc.returncode == 0, proc.out[-5000:]
+    for name in SERVERS:
+        assert f"[{name}] plan: restart sglang.service: environment file changed" in proc.out, proc.out[-5000:]
+        assert f"[{name}] plan: take http://10.77.{name[3:]}.2:30000 out of the router" in proc.out
+        assert f"rollout: plan {name}: " in proc.out
+    rows = summary(proc.out)
+    assert {rows[n]["result"] for n in SERVERS} == {"planned"}
+    assert {name: started_us(hosts[name]) for name in SERVERS} == before
+
+
+def test_failing_canary_stops_the_rollout_and_leaves_the_others_untouched(hosts, rolled, tmp_path):
+    rolled_folder, _before, _proc = rolled
+    units = {name: hosts[name].run("cat /etc/systemd/system/sglang.service").stdout for name in SERVERS}
+    started = {name: started_us(hosts[name]) for name in SERVERS}
+    # a flag SGLang's parser accepts but the server cannot start with: GPUs 7..14 of 8
+    broken = override(tmp_path, extra_server_args=["--base-gpu-id", "7"])
+    t0 = time.monotonic()
+    proc = rollout("--batch-size", "2", "--canary", "1", "--group-data", rolled_folder, "--group-data", broken)
+    TIMINGS["failing canary"] = time.monotonic() - t0
+    try:
+        assert proc.returncode == 1, proc.out[-5000:]
+        rows = summary(proc.out)
+        assert rows["sgc11"]["result"] == "failed", rows
+        assert "invalid device ordinal" in rows["sgc11"]["error"], rows
+        assert "stopped after batch canary" in proc.out
+        assert "not touched: sgc12, sgc13, sgc14" in proc.out
+        for name in SERVERS[1:]:
+            assert rows[name]["result"] == "not run", rows
+            assert hosts[name].run("cat /etc/systemd/system/sglang.service").stdout == units[name]
+            assert started_us(hosts[name]) == started[name]
+        assert "--base-gpu-id 7" in hosts["sgc11"].run("cat /etc/systemd/system/sglang.service").stdout
+        workers = json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]
+        assert "http://10.77.11.2:30000" not in [w["url"] for w in workers]  # drained, not put back broken
+    finally:
+        healed = rollout("--limit", "sgc11", "--group-data", rolled_folder)
+        assert healed.returncode == 0, healed.out[-5000:]

@@ -1,0 +1,116 @@
+"""SGLang's real router (sglang-router from PyPI on sgc10) in front of the
+sandbox servers (sgc11..sgc14): a rolling restart of every server while
+clients send chat requests through the router loses no request; a router
+restart gets its workers registered again."""
+
+import json
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from tests.integration.fleet_helpers import ROUTER, ROUTER_URL, SERVERS, fleet, override, rollout, started_us, summary
+
+pytestmark = pytest.mark.sandbox
+
+CLIENTS = 2
+
+
+@pytest.fixture(scope="module")
+def hosts(request):
+    return fleet(request)
+
+
+def healthy_workers(router_host) -> list[str]:
+    body = json.loads(router_host.run("curl -s localhost:30000/workers").stdout)
+    return sorted(w["url"] for w in body["workers"] if w["is_healthy"])
+
+
+class Clients:
+    """CLIENTS threads sending chat requests through the router until stopped."""
+
+    def __init__(self, url: str, count: int = CLIENTS):
+        self.url = url
+        self.stop = threading.Event()
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(count)]
+
+    def loop(self):
+        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
+                           "max_tokens": 16}).encode()
+        while not self.stop.is_set():
+            request = urllib.request.Request(self.url + "/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    answer = json.loads(response.read())
+                    ok = response.status == 200 and answer["choices"][0]["message"]["content"]
+                    error = None if ok else f"{response.status}: {answer}"
+            except urllib.error.HTTPError as err:
+                error = f"HTTP {err.code}: {err.read()[:200]!r}"
+            except Exception as err:  # noqa: BLE001
+                error = f"{type(err).__name__}: {err}"
+            with self.lock:
+                if error:
+                    self.failures.append(error)
+                else:
+                    self.latencies.append(time.monotonic() - started)
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+    def percentiles(self) -> dict[str, float]:
+        q = statistics.quantiles(sorted(self.latencies), n=100, method="inclusive")
+        return {"p50": q[49], "p95": q[94], "p99": q[98]}
+
+
+def test_rolling_restart_through_the_router_fails_no_request(hosts, tmp_path):
+    assert healthy_workers(hosts[ROUTER]) == [f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)]
+    before = {name: started_us(hosts[name]) for name in SERVERS}
+    folder = override(tmp_path, extra_env={"SANDBOX_SGLANG_PARSER": "fallback", "SANDBOX_LOAD_SECONDS": "1",
+                                           "SANDBOX_GEN_DELAY_S": "0.2", "SGC_ROUTER_TEST": uuid.uuid4().hex[:8]})
+    with Clients(ROUTER_URL) as clients:
+        time.sleep(2)  # traffic before the first drain
+        started = time.monotonic()
+        proc = rollout("--batch-size", "1", "-q", "--group-data", folder)
+        took = time.monotonic() - started
+        time.sleep(2)
+    assert proc.returncode == 0, proc.out[-5000:]
+    rows = summary(proc.out)
+    assert all(rows[name]["restarted"] == "yes" for name in SERVERS), rows
+    assert all(started_us(hosts[name]) > before[name] for name in SERVERS)
+    sent = len(clients.latencies) + len(clients.failures)
+    stats = clients.percentiles()
+    print(f"\nrouter rolling restart of {len(SERVERS)} servers in {took:.1f} s: {sent} requests through the router "
+          f"({CLIENTS} clients), {len(clients.failures)} failed; latency p50 {stats['p50'] * 1000:.0f} ms, "
+          f"p95 {stats['p95'] * 1000:.0f} ms, p99 {stats['p99'] * 1000:.0f} ms")
+    assert clients.failures == [], clients.failures[:5]
+    assert sent > 50
+    assert healthy_workers(hosts[ROUTER]) == [f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)]
+
+
+def test_router_restart_registers_its_workers_again(hosts, tmp_path):
+    router_before = started_us(hosts[ROUTER], "sglang-router.service")
+    proc = rollout("--limit", ROUTER, "-q", "--data", 'router_extra_args=["--log-level", "warn"]')
+    assert proc.returncode == 0, proc.out[-5000:]
+    assert summary(proc.out)[ROUTER]["restarted"] == "yes"
+    assert started_us(hosts[ROUTER], "sglang-router.service") > router_before
+    assert "--log-level warn" in hosts[ROUTER].run("systemctl cat sglang-router.service").stdout
+    assert healthy_workers(hosts[ROUTER]) == [f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)]
+    restored = rollout("--limit", ROUTER, "-q")
+    assert restored.returncode == 0, restored.out[-5000:]
+    assert healthy_workers(hosts[ROUTER]) == [f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)]
