@@ -57,26 +57,26 @@ def main(argv: list[str] | None = None) -> int:
     timings = {}
     try:
         step("1. a sandbox GPU host in the state of the ct200 incident (GPUs SIMULATED)")
-        host = sandbox_api.up(1)[0]
+        host = sandbox_api.up(indexes=[1])[0]
         scenario.ct200_incident(host, log=lambda line: console.print(f"  {line}"))
         console.print(host.run("nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv").stdout)
         console.print(host.run(f"df -h {scenario.MODEL_DISK}").stdout)
 
         step("2. the plan: what the deploy would change (nothing is touched)")
-        run([*pyinfra, "inventory/sandbox.py", "deploy.py", "--dry", "--diff"])
+        run([*pyinfra, "--limit", "sgc1", "inventory/sandbox.py", "deploy.py", "--dry", "--diff"])
 
         step("3. run 1: refused at the disk check, before downloading anything")
-        timings["run 1"] = run([*pyinfra, "-y", "inventory/sandbox.py", "deploy.py"], ok_codes=(1,))
+        timings["run 1"] = run([*pyinfra, "-y", "--limit", "sgc1", "inventory/sandbox.py", "deploy.py"], ok_codes=(1,))
 
         step("4. the operator grows the model disk")
         sandbox_api.grow_disk(host, scenario.MODEL_DISK, scenario.GROWN_DISK_MIB)
         console.print(host.run(f"df -h {scenario.MODEL_DISK}").stdout)
 
         step("5. run 2: converge (pip, model, compressed-tensors, stale GPU process, unit, readiness)")
-        timings["run 2"] = run([*pyinfra, "-y", "inventory/sandbox.py", "deploy.py"])
+        timings["run 2"] = run([*pyinfra, "-y", "--limit", "sgc1", "inventory/sandbox.py", "deploy.py"])
 
         step("6. run 3: the same deploy again changes nothing and restarts nothing")
-        timings["run 3"] = run([*pyinfra, "-y", "inventory/sandbox.py", "deploy.py"])
+        timings["run 3"] = run([*pyinfra, "-y", "--limit", "sgc1", "inventory/sandbox.py", "deploy.py"])
 
         step("7. the server answers (SIMULATED SGLang stand-in, real HTTP)")
         request = urllib.request.Request(
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print("timings: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in timings.items()))
     finally:
         if not args.keep:
-            step("cleanup: python -m sandbox down")
-            sandbox_api.down()
+            step("cleanup: the demo's sandbox host is removed (python -m sandbox down removes all)")
+            sandbox_api.remove("sgc1")
         else:
             console.print("kept running: python -m sandbox status / python -m sandbox down")
     return 0

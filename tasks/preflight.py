@@ -198,7 +198,7 @@ def preflight_problems(spec, gpus: list[Gpu], holder: PortHolder | None) -> list
     if missing:
         problems.append(
             f"gpu_ids {spec.gpu_ids}: GPU(s) {missing} do not exist; the host has "
-            f"{len(gpus)} GPU(s): {sorted(indexes)}"
+            f"{len(indexes)} GPU(s): {sorted(indexes)}"
         )
     used = [gpu for gpu in gpus if gpu.index in spec.gpu_ids]
     if used:

@@ -108,8 +108,8 @@ def render_router_unit(spec) -> str:
     )
 
 
-def router_stamp_path(spec) -> str:
-    return f"{STATE_DIR}/{spec.unit_stem}.json"
+def router_stamp_path(unit: str) -> str:
+    return f"{STATE_DIR}/{unit.removesuffix('.service')}.json"
 
 
 def _package_name(requirement: str) -> str:
@@ -119,18 +119,18 @@ def _package_name(requirement: str) -> str:
     return canonicalize_name(Requirement(requirement).name)
 
 
-def router_restart_reasons(spec, unit_text: str) -> list[str]:
+def router_restart_reasons(unit: str, unit_text: str, venv_path: str, package: str) -> list[str]:
     """Why the router must be (re)started now; empty when it runs as wanted."""
-    unit = host.get_fact(SystemdUnitState, unit=spec.router_unit_name)
-    text = host.get_fact(FileText, path=router_stamp_path(spec))
+    state = host.get_fact(SystemdUnitState, unit=unit)
+    if not _running(state):
+        return [f"{unit} is {state.active_state if state.load_state == 'loaded' else 'not installed'}"]
+    text = host.get_fact(FileText, path=router_stamp_path(unit))
     try:
         started_with = json.loads(text) if text else {}
     except ValueError:
         started_with = {}
-    name = _package_name(spec.router_package)
-    version = host.get_fact(VenvPackages, path=spec.router_venv_path).get(name)
-    if not unit.running:
-        return [f"{spec.router_unit_name} is {unit.active_state if unit.exists else 'not installed'}"]
+    name = _package_name(package)
+    version = host.get_fact(VenvPackages, path=venv_path).get(name)
     reasons = []
     if started_with.get("unit") != sha256(unit_text):
         reasons.append("unit file changed")
@@ -140,35 +140,38 @@ def router_restart_reasons(spec, unit_text: str) -> list[str]:
 
 
 @operation()
-def router_restarted(spec, unit_text: str):
+def router_restarted(unit: str, unit_text: str, venv_path: str, package: str):
     """
     (Re)start the router only when its unit or its package changed since it
     was started, or it is not running; record what it was started with.
 
     .. code:: python
 
-        router_restarted(spec=router_spec, unit_text=render_router_unit(router_spec))
+        router_restarted(unit="sglang-router.service", unit_text=text,
+                         venv_path="/opt/sglang-router/venv", package="sglang-router==0.3.2")
     """
-    reasons = router_restart_reasons(spec, unit_text)
+    reasons = router_restart_reasons(unit, unit_text, venv_path, package)
     if not reasons:
-        host.noop(f"{spec.router_unit_name} runs as wanted: no restart")
+        host.noop(f"{unit} runs as wanted: no restart")
         return
-    unit = host.get_fact(SystemdUnitState, unit=spec.router_unit_name)
-    verb = "restart" if unit.running else "start"
-    plan(f"{verb} {spec.router_unit_name}: " + "; ".join(reasons)
-         + ("; its workers are registered again" if unit.running else ""))
-    report(f"router: {verb} {spec.router_unit_name}: " + "; ".join(reasons))
-    name = _package_name(spec.router_package)
-    stamp = json.dumps(
-        {"unit": sha256(unit_text), "package": host.get_fact(VenvPackages, path=spec.router_venv_path).get(name)},
-        sort_keys=True,
-    )
-    yield StringCommand("systemctl reset-failed", QuoteString(spec.router_unit_name), "2>/dev/null; true")
-    yield StringCommand("systemctl restart", QuoteString(spec.router_unit_name))
+    running = _running(host.get_fact(SystemdUnitState, unit=unit))
+    verb = "restart" if running else "start"
+    plan(f"{verb} {unit}: " + "; ".join(reasons) + ("; its workers are registered again" if running else ""))
+    report(f"router: {verb} {unit}: " + "; ".join(reasons))
+    name = _package_name(package)
+    stamp = json.dumps({"unit": sha256(unit_text), "package": host.get_fact(VenvPackages, path=venv_path).get(name)},
+                       sort_keys=True)
+    yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null; true")
+    yield StringCommand("systemctl restart", QuoteString(unit))
     yield FunctionCommand(_mark_restarted, (), {})
     yield StringCommand("install -d -m 755", STATE_DIR)
-    yield FileUploadCommand(StringIO(stamp + "\n"), router_stamp_path(spec) + ".tmp")
-    yield StringCommand("mv -f", QuoteString(router_stamp_path(spec) + ".tmp"), QuoteString(router_stamp_path(spec)))
+    yield FileUploadCommand(StringIO(stamp + "\n"), router_stamp_path(unit) + ".tmp")
+    yield StringCommand("mv -f", QuoteString(router_stamp_path(unit) + ".tmp"), QuoteString(router_stamp_path(unit)))
+
+
+def _running(unit_state) -> bool:
+    """UnitState.running, from the fields (fixtures give the fields only)."""
+    return unit_state.active_state in ("active", "activating", "reloading")
 
 
 def _mark_restarted(state, host) -> bool:
@@ -176,41 +179,46 @@ def _mark_restarted(state, host) -> bool:
     return True
 
 
-def _wait_router_command(spec) -> str:
-    unit = shlex.quote(spec.router_unit_name)
-    url = shlex.quote(spec.local_url + "/liveness")
-    timeout_ms = int(spec.router_readiness_timeout_s * 1000)
-    journal = f"journalctl --no-pager -o cat -n 20 -u {unit}"
+def wait_router_command(unit: str, url: str, timeout_s: float) -> str:
+    """Shell loop: until GET url/liveness answers; fails at once (with the journal) when the unit fails."""
+    q_unit = shlex.quote(unit)
+    live = shlex.quote(url + "/liveness")
+    timeout_ms = int(timeout_s * 1000)
+    journal = f"journalctl --no-pager -o cat -n 20 -u {q_unit}"
     return (
         f"start=$(date +%s%N); while :; do "
         f"ms=$(( ($(date +%s%N) - start) / 1000000 )); "
-        f"st=$(systemctl show -p ActiveState --value {unit}); "
-        f'case "$st" in failed|inactive|deactivating) echo "FAILED: {spec.router_unit_name} is $st"; {journal}; exit 1;; esac; '
-        f"if curl -s -f -m 2 -o /dev/null {url}; then "
-        f'echo "ready: {spec.router_unit_name} answers at {spec.local_url} ($ms ms to ready)"; exit 0; fi; '
-        f'if [ "$ms" -gt {timeout_ms} ]; then echo "FAILED: {spec.router_unit_name} does not answer '
-        f'{spec.local_url}/liveness after {spec.router_readiness_timeout_s:.0f} s"; {journal}; exit 1; fi; '
+        f"st=$(systemctl show -p ActiveState --value {q_unit}); "
+        f'case "$st" in failed|inactive|deactivating) echo "FAILED: {unit} is $st"; {journal}; exit 1;; esac; '
+        f"if curl -s -f -m 2 -o /dev/null {live}; then "
+        f'echo "ready: {unit} answers at {url} ($ms ms to ready)"; exit 0; fi; '
+        f'if [ "$ms" -gt {timeout_ms} ]; then echo "FAILED: {unit} does not answer '
+        f'{url}/liveness after {timeout_s:.0f} s"; {journal}; exit 1; fi; '
         "sleep 0.2; done"
     )
 
 
+def _wait_router(state, host, unit: str, url: str, timeout_s: float) -> bool:
+    return _stream(state, host, wait_router_command(unit, url, timeout_s), int(timeout_s) + 30)
+
+
 @operation()
-def router_ready(spec):
+def router_ready(unit: str, url: str, timeout_s: float = 120):
     """
     Wait on the router host until the router answers /liveness (its unit
     failing stops the wait at once, with the journal).
 
     .. code:: python
 
-        router_ready(spec=router_spec)
+        router_ready(unit="sglang-router.service", url="http://127.0.0.1:30000", timeout_s=120)
     """
     if host.name not in RESTARTED_THIS_RUN:
-        unit = host.get_fact(SystemdUnitState, unit=spec.router_unit_name)
-        if unit.running and host.get_fact(HttpStatus, url=spec.local_url + "/liveness") == 200:
-            host.noop(f"{spec.router_unit_name} answers at {spec.local_url}")
+        state = host.get_fact(SystemdUnitState, unit=unit)
+        if _running(state) and host.get_fact(HttpStatus, url=url + "/liveness") == 200:
+            host.noop(f"{unit} answers at {url}")
             return
-    plan(f"wait until {spec.local_url}/liveness answers (at most {spec.router_readiness_timeout_s:.0f} s)")
-    yield FunctionCommand(_stream, (_wait_router_command(spec), int(spec.router_readiness_timeout_s) + 30), {})
+    plan(f"wait until {url}/liveness answers (at most {timeout_s:.0f} s)")
+    yield FunctionCommand(_wait_router, (unit, url, timeout_s), {})
 
 
 def fleet_worker_urls(spec) -> list[str]:
@@ -229,39 +237,46 @@ def fleet_worker_urls(spec) -> list[str]:
     return urls
 
 
-def _register_command(python: str, router_url: str, worker_urls: list[str], skip_unready: bool) -> str:
-    args = [python, "-u", "-c", CLIENT_SCRIPT.read_text(), "register", "--router", router_url,
-            "--timeout", str(REGISTER_TIMEOUT_S)]
+def client_command(python: str, *args: str) -> str:
+    """remote/router_client.py run on the host with ``python`` (stdlib only), sent inline."""
+    return " ".join(shlex.quote(arg) for arg in (python, "-u", "-c", CLIENT_SCRIPT.read_text(), *args))
+
+
+def _register(state, host, python: str, router_url: str, worker_urls: list[str], skip_unready: bool) -> bool:
+    args = ["register", "--router", router_url, "--timeout", str(REGISTER_TIMEOUT_S)]
     for url in worker_urls:
         args += ["--worker", url]
     if skip_unready:
         args.append("--skip-unready")
-    return " ".join(shlex.quote(arg) for arg in args)
+    return _stream(state, host, client_command(python, *args), REGISTER_TIMEOUT_S * len(worker_urls) + 30)
 
 
 @operation()
-def fleet_workers_registered(spec, worker_urls: list[str]):
+def fleet_workers_registered(router_url: str, worker_urls: list[str], python: str = "/usr/bin/python3"):
     """
     Every ready server that names this router is registered in it (after a
     router restart its list is empty); servers that are not ready are left to
     their own deploy.
 
+    + router_url: the router as its own host reaches it
+    + worker_urls: the servers' worker_url
+    + python: an interpreter on the host (runs remote/router_client.py)
+
     .. code:: python
 
-        fleet_workers_registered(spec=router_spec, worker_urls=["http://10.77.11.2:30000"])
+        fleet_workers_registered(router_url="http://127.0.0.1:30000", worker_urls=["http://10.77.11.2:30000"])
     """
     if not worker_urls:
         host.noop("no server of the inventory names this router (router_url)")
         return
-    listed = None if host.name in RESTARTED_THIS_RUN else host.get_fact(RouterWorkers, router_url=spec.local_url)
+    listed = None if host.name in RESTARTED_THIS_RUN else host.get_fact(RouterWorkers, router_url=router_url)
     healthy = {w.url for w in listed or [] if w.healthy}
     missing = [url for url in worker_urls if url not in healthy]
     if not missing:
         host.noop(f"all {len(worker_urls)} server(s) are registered and healthy")
         return
     plan(f"register the ready ones of {len(missing)} server(s): {', '.join(missing)}")
-    yield FunctionCommand(_stream, (_register_command(spec.venv_python, spec.local_url, missing, True),
-                                    REGISTER_TIMEOUT_S * len(missing) + 30), {})
+    yield FunctionCommand(_register, (python, router_url, missing, True), {})
 
 
 @deploy("Router")
@@ -274,16 +289,27 @@ def router(spec):
     unit_text = render_router_unit(spec)
     managed_file(dest=spec.unit_path, content=unit_text, mode="644", name=f"unit file {spec.unit_path}")
     unit_installed(unit=spec.router_unit_name, name=f"{spec.router_unit_name} loaded and enabled")
-    router_restarted(spec=spec, unit_text=unit_text, name=f"{spec.router_unit_name} running the wanted config")
-    router_ready(spec=spec, name=f"{spec.router_unit_name} ready")
-    fleet_workers_registered(spec=spec, worker_urls=fleet_worker_urls(spec), name="servers registered in the router")
+    router_restarted(unit=spec.router_unit_name, unit_text=unit_text, venv_path=spec.router_venv_path,
+                     package=spec.router_package, name=f"{spec.router_unit_name} running the wanted config")
+    router_ready(unit=spec.router_unit_name, url=spec.local_url, timeout_s=spec.router_readiness_timeout_s,
+                 name=f"{spec.router_unit_name} ready")
+    fleet_workers_registered(router_url=spec.local_url, worker_urls=fleet_worker_urls(spec), python=spec.venv_python,
+                             name="servers registered in the router")
 
 
 # --- a server behind a router ------------------------------------------------------
 
 
-def _mine(spec, listed: list[RouterWorker] | None) -> list[RouterWorker]:
-    return [w for w in listed or [] if w.url == spec.worker_url]
+def _mine(worker_url: str, listed: list[RouterWorker] | None) -> list[RouterWorker]:
+    return [w for w in listed or [] if w.url == worker_url]
+
+
+def _drain(state, host, python: str, router_url: str, worker_url: str, local: str, timeout_s: float,
+           options_file: str | None) -> bool:
+    args = ["drain", "--router", router_url, "--worker", worker_url, "--local", local, "--timeout", str(timeout_s)]
+    if options_file:
+        args += ["--options-file", options_file]
+    return _stream(state, host, client_command(python, *args), int(timeout_s) + 60)
 
 
 @operation()
@@ -292,7 +318,7 @@ def worker_drained(spec):
     Before the deploy restarts a server that is in its router: remove it from
     the router (DELETE /workers/{id}) and wait until the server itself has no
     request running or waiting (/v1/loads), at most ``drain_timeout_s``.
-    Nothing when no restart is planned.
+    Nothing when no restart is planned (the service step's own reasons).
 
     .. code:: python
 
@@ -301,50 +327,42 @@ def worker_drained(spec):
     if spec.router_url is None:
         host.noop("not behind a router (router_url is None)")
         return
-    reasons = restart_reasons(spec, render(spec))
-    if not reasons:
+    if not restart_reasons(spec, render(spec)):
         host.noop("no restart planned: stays in the router")
         return
     listed = host.get_fact(RouterWorkers, router_url=spec.router_url)
     if listed is None:
         host.noop(f"the router at {spec.router_url} does not answer: nothing to drain")
         return
-    if not _mine(spec, listed):
+    if not _mine(spec.worker_url, listed):
         host.noop(f"{spec.worker_url} is not in the router: nothing to drain")
         return
     plan(f"take {spec.worker_url} out of the router at {spec.router_url} and wait until it is idle "
          f"(at most {spec.drain_timeout_s:.0f} s) before the restart")
-    args = [spec.venv_python, "-u", "-c", CLIENT_SCRIPT.read_text(), "drain", "--router", spec.router_url,
-            "--worker", spec.worker_url, "--local", local_url(spec), "--timeout", str(spec.drain_timeout_s)]
-    if spec.server_options:
-        args += ["--options-file", spec.options_path]
-    yield FunctionCommand(_stream, (" ".join(shlex.quote(a) for a in args), int(spec.drain_timeout_s) + 60), {})
+    yield FunctionCommand(_drain, (spec.venv_python, spec.router_url, spec.worker_url, local_url(spec),
+                                   spec.drain_timeout_s, spec.options_path if spec.server_options else None), {})
 
 
 @operation()
-def worker_registered(spec):
+def worker_registered(router_url: str, worker_url: str, python: str = "/usr/bin/python3"):
     """
     Once the server is ready: it is in its router (POST /workers {url}) and
     the router reports it healthy. Nothing when it already is.
 
     .. code:: python
 
-        worker_registered(spec=spec)
+        worker_registered(router_url="http://10.77.10.2:30000", worker_url="http://10.77.11.2:30000")
     """
-    if spec.router_url is None:
-        host.noop("not behind a router (router_url is None)")
-        return
-    listed = host.get_fact(RouterWorkers, router_url=spec.router_url)
-    if any(w.healthy for w in _mine(spec, listed)):
-        host.noop(f"{spec.worker_url} is in the router at {spec.router_url}, healthy")
+    listed = host.get_fact(RouterWorkers, router_url=router_url)
+    if any(w.healthy for w in _mine(worker_url, listed)):
+        host.noop(f"{worker_url} is in the router at {router_url}, healthy")
         return
     if listed is None and not preparing():
-        yield fail_command(f"router: the router at {spec.router_url} does not answer GET /workers from "
-                           f"{host.name}: {spec.worker_url} cannot be registered (deploy the router hosts first)")
+        yield fail_command(f"router: the router at {router_url} does not answer GET /workers from "
+                           f"{host.name}: {worker_url} cannot be registered (deploy the router hosts first)")
         return
-    plan(f"register {spec.worker_url} in the router at {spec.router_url}")
-    yield FunctionCommand(_stream, (_register_command(spec.venv_python, spec.router_url, [spec.worker_url], False),
-                                    REGISTER_TIMEOUT_S + 30), {})
+    plan(f"register {worker_url} in the router at {router_url}")
+    yield FunctionCommand(_register, (python, router_url, [worker_url], False), {})
 
 
 @deploy("Router: drain")
@@ -361,5 +379,6 @@ def register(spec):
     """Back in the router once ready."""
     if spec.router_url is None:
         return
-    worker_registered(spec=spec, name=f"{spec.worker_url} in the router")
+    worker_registered(router_url=spec.router_url, worker_url=spec.worker_url, python=spec.venv_python,
+                      name=f"{spec.worker_url} in the router")
 

@@ -94,8 +94,8 @@ def test_group_converges_and_comes_up(group):
     # one spec, two command lines: ranks and rank 0's address derived from the node group
     argv0, argv1 = " ".join(cmdline(rank0)), " ".join(cmdline(rank1))
     for argv, rank in ((argv0, 0), (argv1, 1)):
-        assert f"--tp-size 16 --host 0.0.0.0 --port 30000 --nnodes 2 --node-rank {rank} " \
-               f"--dist-init-addr {rank0.address}:20000" in argv, argv
+        assert "--tp-size 16 " in argv, argv
+        assert f"--nnodes 2 --node-rank {rank} --dist-init-addr {rank0.address}:20000" in argv, argv
     # the ranks really met over TCP at rank 0's address
     journal0 = rank0.run("journalctl -u sglang.service -o cat --no-pager").stdout
     journal1 = rank1.run("journalctl -u sglang.service -o cat --no-pager").stdout

@@ -1,0 +1,216 @@
+"""The steps' operations that read the Spec, with facts in and commands out
+(pyinfra-testing's fake host; the Hub is not asked: hub_files is patched)."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+from pyinfra.api import FunctionCommand
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra_testing.util import FakeState, create_host
+
+from tasks import model, preflight, quant_deps, service
+from tasks.model import ModelDir
+from tasks.preflight import Gpu, PortHolder
+from tasks.spec import build_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+HUB_FILES = {"config.json": 2_000, "model-00001-of-00002.safetensors": 20_000_000,
+             "model-00002-of-00002.safetensors": 18_000_000}
+
+
+def sandbox_spec(**overrides):
+    data = {}
+    for group in ("all", "sandbox"):
+        data.update({k: v for k, v in runpy.run_path(str(ROOT / "group_data" / f"{group}.py")).items()
+                     if not k.startswith("_")})
+    data.update(hf_endpoint="http://10.77.0.1:18080", **overrides)
+    return build_spec("sgc1", data, environ={}).resolve(compute_cap="12.0", p2p_ok=True)
+
+
+def gpus(count=8, used=0):
+    return [Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000", 97887, used, "12.0", "580.95.05", f"0:{i}") for i in range(count)]
+
+
+def run(op, facts, **kwargs):
+    state = FakeState()
+    host = create_host(state, facts=facts)
+    with ctx_state.use(state), ctx_host.use(host), patch.object(model, "hub_files", return_value=HUB_FILES):
+        commands = list(op._inner(**kwargs))
+    return host, commands
+
+
+def failure(commands) -> str:
+    assert len(commands) == 1 and isinstance(commands[0], FunctionCommand), commands
+    assert commands[0].function.__name__ == "_fail"
+    return commands[0].args[0]
+
+
+def disk(free):
+    return {"path=/srv/models/tiny": {"path": "/srv/models", "mount": "/srv/models", "free_bytes": free,
+                                      "total_bytes": free}}
+
+
+EMPTY_DIR = {"path=/srv/models/tiny": ModelDir(marker=None, files={}, partial_bytes=0)}
+
+
+# --- preflight ------------------------------------------------------------------
+
+def preflight_facts(gpu_list, holder=None, free=10**9):
+    return {"preflight.NvidiaGpus": gpu_list, "preflight.PortListener": {"port=30000": holder},
+            "preflight.SimulatedGpus": True, "model.ModelDirState": EMPTY_DIR, "model.FreeBytes": disk(free)}
+
+
+def test_preflight_passes_on_a_host_that_can_serve():
+    host, commands = run(preflight.gpu_host_can_serve, preflight_facts(gpus()), spec=sandbox_spec())
+    assert commands == []
+    assert "8 x NVIDIA RTX PRO 6000 (97887 MiB, SM 12.0)" in host.noop_description
+    assert "attention backend triton (auto); GPUs SIMULATED" in host.noop_description
+
+
+def test_preflight_names_every_problem_before_anything_changes():
+    holder = PortHolder(pid=77, process_name="python3", unit="other.service")
+    _host, commands = run(preflight.gpu_host_can_serve, preflight_facts(gpus(4), holder, free=20_000_000),
+                          spec=sandbox_spec())
+    message = failure(commands)
+    assert "GPU(s) [4, 5, 6, 7] do not exist; the host has 4 GPU(s): [0, 1, 2, 3]" in message
+    assert "port 30000 is held by pid 77 (python3 of other.service), not by sglang.service" in message
+    assert "need 0.038 GB (38.0 MB) more (of 0.038 GB (38.0 MB)), /srv/models has 0.020 GB (20.0 MB) free" in message
+
+
+def test_preflight_accepts_the_port_held_by_our_own_unit():
+    holder = PortHolder(pid=812, process_name="python", unit="sglang.service")
+    _host, commands = run(preflight.gpu_host_can_serve, preflight_facts(gpus(), holder), spec=sandbox_spec())
+    assert commands == []
+
+
+# --- model ------------------------------------------------------------------------
+
+def model_kwargs(spec):
+    return dict(repo=spec.profile.repo, revision=spec.profile.revision, local_dir=spec.model_dir,
+                python=spec.python_bin, margin_bytes=spec.margin_bytes, endpoint=spec.hf_endpoint)
+
+
+def test_model_complete_is_a_no_op():
+    marker = {"repo": "sandbox/tiny-nvfp4", "revision": REVISION, "files": HUB_FILES}
+    state = {"path=/srv/models/tiny": ModelDir(marker=marker, files=dict(HUB_FILES), partial_bytes=0)}
+    host, commands = run(model.model_downloaded, {"model.ModelDirState": state}, **model_kwargs(sandbox_spec()))
+    assert commands == [] and host.noop_description == f"sandbox/tiny-nvfp4@{REVISION[:12]} is in /srv/models/tiny, verified"
+
+
+def test_model_refuses_with_both_numbers_when_it_does_not_fit():
+    facts = {"model.ModelDirState": EMPTY_DIR, "model.FreeBytes": disk(30_000_000)}
+    _host, commands = run(model.model_downloaded, facts, **model_kwargs(sandbox_spec()))
+    message = failure(commands)
+    assert "need 0.038 GB (38.0 MB) more" in message and "/srv/models has 0.030 GB (30.0 MB) free" in message
+    assert "Nothing was downloaded" in message
+
+
+def test_model_downloads_only_what_is_missing_in_a_transient_unit():
+    state = {"path=/srv/models/tiny": ModelDir(marker=None, files={"config.json": 2_000,
+                                                                    "model-00001-of-00002.safetensors": 20_000_000},
+                                               partial_bytes=0)}
+    facts = {"model.ModelDirState": state, "model.FreeBytes": disk(25_000_000)}
+    _host, commands = run(model.model_downloaded, facts, **model_kwargs(sandbox_spec()))
+    fetch = commands[-1]
+    assert fetch.function.__name__ == "_fetch"
+    argv, local_dir, need, token_file = fetch.args
+    assert need == 18_000_000 and token_file is None and local_dir == "/srv/models/tiny"
+    assert "--endpoint http://10.77.0.1:18080" in argv and "--margin-bytes 5000000" in argv
+
+
+def test_the_token_goes_in_a_root_only_file_never_in_argv():
+    facts = {"model.ModelDirState": EMPTY_DIR, "model.FreeBytes": disk(10**9)}
+    _host, commands = run(model.model_downloaded, facts, token="hf_secret", **model_kwargs(sandbox_spec()))
+    assert "install -m 600 -o root -g root /dev/null /etc/sglang/hf-token" in [str(c) for c in commands]
+    argv = commands[-1].args[0]
+    assert "hf_secret" not in argv and "--token-file /etc/sglang/hf-token" in argv
+
+
+# --- quantization deps ------------------------------------------------------------
+
+NVFP4_CONFIG = {"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+                                        "config_groups": {"group_0": {"format": "nvfp4-pack-quantized"}}}}
+OLD = {"version": "0.8.1", "members": ["dense", "pack_quantized"]}
+
+
+def quant_facts(members, requirers):
+    venv = "path=/opt/sglang/venv"
+    return {"quant_deps.ModelConfig": {"path=/srv/models/tiny": NVFP4_CONFIG},
+            "quant_deps.CompressionFormats": {venv: members},
+            "quant_deps.CompressedTensorsRequirers": {venv: requirers},
+            "python_env.VenvPackages": {venv: {"torch": "2.13.0+cpu", "sglang": "0.5.23", "compressed-tensors": "0.8.1"}},
+            "quant_deps.ExactPins": {"packages=['sglang', 'torch'], path=/opt/sglang/venv": {"sglang": ["transformers==5.19.0"]}}}
+
+
+def test_format_present_is_a_no_op():
+    members = {"version": "0.18.0", "members": ["nvfp4_pack_quantized", "pack_quantized"]}
+    host, commands = run(quant_deps.compression_format_supported, quant_facts(members, {}), spec=sandbox_spec())
+    assert commands == [] and host.noop_description == "compressed-tensors 0.18.0 has nvfp4_pack_quantized"
+
+
+def test_upgrade_takes_the_installed_pin_and_tolerates_the_allowed_conflict():
+    requirers = {"sglang": ["compressed-tensors==0.18.0"], "vllm-stub": ["compressed-tensors==0.8.1"]}
+    _host, commands = run(quant_deps.compression_format_supported, quant_facts(OLD, requirers), spec=sandbox_spec())
+    (upgrade,) = commands
+    venv, requirement, constraints, allow, need = upgrade.args
+    assert requirement == "compressed-tensors==0.18.0" and allow == ["vllm-stub"]
+    assert constraints[:2] == ["sglang==0.5.23", "torch==2.13.0+cpu"] and "transformers==5.19.0" in constraints
+    assert need == "nvfp4_pack_quantized (compressed-tensors >= 0.10.0)"
+
+
+def test_a_pin_not_allowed_to_conflict_fails_naming_it():
+    requirers = {"vllm": ["compressed-tensors==0.8.1"]}
+    _host, commands = run(quant_deps.compression_format_supported, quant_facts(OLD, requirers),
+                          spec=sandbox_spec(compressed_tensors_allow_conflicts=[]))
+    message = failure(commands)
+    assert "needs nvfp4_pack_quantized (compressed-tensors >= 0.10.0) but vllm requires compressed-tensors==0.8.1" in message
+    assert "compressed_tensors_allow_conflicts = ['vllm']" in message
+
+
+# --- service ----------------------------------------------------------------------
+
+def service_facts(spec, stamp, active="active"):
+    unit = {"load_state": "loaded", "active_state": active, "sub_state": "running", "main_pid": 812,
+            "unit_file_state": "enabled", "fragment_path": spec.unit_path, "restarts": 0, "invocation_id": "x",
+            "started_monotonic_us": 1, "need_daemon_reload": False}
+    return {"service.SystemdUnitState": {f"unit={spec.unit_name}": service.UnitState(**unit)},
+            "_common.FileText": {f"path={service.stamp_path(spec)}": stamp},
+            "python_env.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
+            "model.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)}}
+
+
+def stamp_for(spec):
+    import json
+
+    rendered = service.render(spec)
+    return json.dumps({**rendered.digests(), "packages": service.packages_digest({"sglang": "0.5.23"}),
+                       "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION})
+
+
+def test_a_server_running_what_it_should_is_not_restarted():
+    spec = sandbox_spec()
+    host, commands = run(service.server_restarted, service_facts(spec, stamp_for(spec)), spec=spec,
+                         rendered=service.render(spec))
+    assert commands == [] and host.noop_description == "sglang.service runs as wanted: no restart"
+
+
+def test_a_changed_environment_restarts_and_says_why():
+    spec = sandbox_spec()
+    changed = sandbox_spec(extra_env={"PYTHONPATH": "/usr/local/lib/sandbox-gpu", "NCCL_DEBUG": "INFO"})
+    facts = service_facts(changed, stamp_for(spec))
+    _host, commands = run(service.server_restarted, facts, spec=changed, rendered=service.render(changed))
+    assert [c.function.__name__ for c in commands if isinstance(c, FunctionCommand)] == ["_restart"]
+    state = FakeState()
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)):
+        assert service.restart_reasons(changed, service.render(changed)) == ["environment file changed"]
+
+
+@pytest.mark.parametrize("arg, quoted", [("/opt/a b/python", '"/opt/a b/python"'), ("50%", "50%%"),
+                                          ("$HOME", '"$$HOME"'), ("--port", "--port")])
+def test_exec_start_words_are_quoted_for_systemd(arg, quoted):
+    assert service.systemd_quote(arg) == quoted
