@@ -58,6 +58,14 @@ demo: setup
 bench: setup
 	$(PY) -m bench
 
+## make rollout INVENTORY=inventory/sandbox_fleet.py BATCH=2 CANARY=1: rolling rollout of deploy.py (python -m rollout)
+INVENTORY ?= inventory/sandbox_fleet.py
+BATCH ?= 1
+CANARY ?= 1
+.PHONY: rollout
+rollout: setup
+	$(PY) -m rollout $(INVENTORY) --batch-size $(BATCH) --canary $(CANARY)
+
 up: setup
 	$(PY) -m sandbox up --hosts $(HOSTS)
 

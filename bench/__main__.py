@@ -135,4 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from bench.rollout import main as rollout_bench  # (c) the rolling rollout's overhead per host
+
+    sys.exit(code or rollout_bench([]))

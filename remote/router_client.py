@@ -134,6 +134,7 @@ def register(args) -> int:
             print(f"FAILED: the router at {args.router} does not answer GET /workers")
             return 1
         if any(w.get("is_healthy") for w in found):
+            print(f"registered: {url} is already in the router at {args.router}, healthy")
             continue
         if args.skip_unready:
             status, _ = call("GET", url + "/health")

@@ -71,8 +71,12 @@ class RolloutReport:
     stopped_after: str | None = None
 
 
-def plan_batches(routers: list[str], servers: list[str], batch_size: int, canary: int) -> list[Batch]:
+def plan_batches(routers: list[str], servers: list[str], batch_size: int, canary: int,
+                 groups: dict[str, str] | None = None) -> list[Batch]:
     """Router hosts one at a time, then the canary batch, then batches of batch_size, in the given order.
+
+    ``groups`` (host -> multi-node TP group key): the ranks of a group are
+    (re)started together, so they count as one and always share a batch.
 
     >>> [(b.label, b.hosts) for b in plan_batches(["r"], ["a", "b", "c", "d"], 2, 1)]
     [('router', ['r']), ('canary', ['a']), ('1', ['b', 'c']), ('2', ['d'])]
@@ -81,14 +85,23 @@ def plan_batches(routers: list[str], servers: list[str], batch_size: int, canary
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     if canary < 0:
         raise ValueError(f"canary must be >= 0, got {canary}")
+    groups = groups or {}
     batches = [Batch("router" if len(routers) == 1 else f"router {i + 1}", [name])
                for i, name in enumerate(routers)]
-    rest = list(servers)
-    if canary and rest:
-        batches.append(Batch("canary", rest[:canary]))
-        rest = rest[canary:]
-    for i in range(0, len(rest), batch_size):
-        batches.append(Batch(str(i // batch_size + 1), rest[i : i + batch_size]))
+    units: list[list[str]] = []
+    seen: set[str] = set()
+    for name in servers:
+        if name in seen:
+            continue
+        key = groups.get(name)
+        unit = [other for other in servers if key is not None and groups.get(other) == key] or [name]
+        seen.update(unit)
+        units.append(unit)
+    if canary and units:
+        batches.append(Batch("canary", [n for unit in units[:canary] for n in unit]))
+        units = units[canary:]
+    for i in range(0, len(units), batch_size):
+        batches.append(Batch(str(i // batch_size + 1), [n for unit in units[i : i + batch_size] for n in unit]))
     return batches
 
 
@@ -258,6 +271,7 @@ class Driver:
             raise SystemExit(f"rollout: no host of {self.inventory_path} matches --limit {' '.join(self.limit)}")
         problems = []
         routers, servers = [], []
+        self.groups: dict[str, str] = {}
         for host in hosts:
             try:
                 spec = host_spec(host)
@@ -265,6 +279,8 @@ class Driver:
                 problems.extend(err.lines)
                 continue
             (routers if getattr(spec, "role", "server") == "router" else servers).append(host.name)
+            if getattr(spec, "group_key", None):
+                self.groups[host.name] = spec.group_key
         if problems:
             raise SpecError(problems, header="invalid settings: nothing was changed")
         return routers, servers
@@ -400,7 +416,7 @@ class Driver:
     def run(self) -> RolloutReport:
         started = time.monotonic()
         routers, servers = self.load()
-        batches = plan_batches(routers, servers, self.batch_size, self.canary)
+        batches = plan_batches(routers, servers, self.batch_size, self.canary, self.groups)
         results = {name: HostResult(name, batch.label) for batch in batches for name in batch.hosts}
         report = RolloutReport(results=results, batches=batches, exit_code=0)
         self.echo(f"rollout: {len(routers)} router host(s), {len(servers)} server(s) in {len(batches)} batch(es): "

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,14 @@ def fleet(request) -> dict:
 
         request.config.add_cleanup(cleanup)  # end of the session, also after a failure
         booted = sandbox_api.up(indexes=INDEXES)
+        for host in booted:  # sshd answers before the first rollout connects
+            for _ in range(30):
+                try:
+                    if host.run("true", check=False, timeout=10).returncode == 0:
+                        break
+                except subprocess.TimeoutExpired:
+                    pass
+                time.sleep(1)
         _SESSION["hosts"] = {h.name: h for h in booted}
     if not _SESSION["converged"]:
         proc = rollout("--batch-size", "4", "-q", timeout=900)

@@ -1,11 +1,15 @@
 """tasks/multinode.py and remote/wait_ready.py's slices, without sandbox hosts:
 the ranks of a group run as gevent greenlets (as pyinfra runs them) against
-scripted hosts; the group's node_group settings are in tests/unit/test_spec.py.
+scripted hosts (the group's meetings, restart order and readiness verdict) and
+pyinfra-testing fake hosts with facts (the operations' decisions). The
+node_group settings and their validation are tested in tests/unit/test_spec.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import runpy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,10 +17,15 @@ from types import SimpleNamespace
 
 import gevent
 import pytest
+from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host, ctx_state
+from pyinfra_testing.util import FakeState as TestingState
+from pyinfra_testing.util import create_host
 
 from tasks import multinode as M
+from tasks import service
 from tasks import spec as S
+from tasks.model import ModelDir
 
 REPO = Path(__file__).resolve().parents[2]
 LABEL = "tp16"
@@ -330,3 +339,105 @@ def test_without_slice_it_behaves_as_before(wait_ready, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert rc == 1 and not any(line.startswith(("baseline:", "pending:")) for line in out)
     assert out[0].startswith("FAILED: sglang.service is failed/failed")
+
+
+# ---------------------------------------------------------------- the operations, facts in, commands out
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+NAMES = ["sgc20", "sgc21"]
+
+
+def group_spec(name: str):
+    data = {}
+    for part in ("all", "sandbox"):
+        data.update({k: v for k, v in runpy.run_path(str(REPO / "group_data" / f"{part}.py")).items()
+                     if not k.startswith("_")})
+    data.update(tp_size=16, node_group={"hosts": NAMES, "dist_init_port": 20000, "name": "tp16"})
+    addresses = {"sgc20": "10.77.20.2", "sgc21": "10.77.21.2"}
+    return S.build_spec(name, data, environ={}, addresses=addresses).resolve(compute_cap="12.0", p2p_ok=True)
+
+
+def rank_facts(spec, stamp: str | None, sub_state="running", restarts=0, health=200):
+    unit = service.UnitState(load_state="loaded", active_state="active", sub_state=sub_state, main_pid=812,
+                             unit_file_state="enabled", fragment_path=spec.unit_path, restarts=restarts,
+                             invocation_id="x", started_monotonic_us=1)
+    return {"service.SystemdUnitState": {f"unit={spec.unit_name}": unit},
+            "_common.FileText": {f"path={service.stamp_path(spec)}": stamp},
+            "python_env.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
+            "model.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)},
+            "readiness.HttpStatus": {"url=http://127.0.0.1:30000/health": health}}
+
+
+def stamp(spec) -> str:
+    return json.dumps({**service.render(spec).digests(), "packages": service.packages_digest({"sglang": "0.5.23"}),
+                       "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION})
+
+
+def run_ops(op, facts_by_rank, make_kwargs):
+    """Run ``op`` for both ranks at once (executing, as pyinfra does): [(host, commands)]."""
+    state = TestingState()
+    state.is_executing = True
+    hosts = [create_host(state, name=name, facts=facts) for name, facts in zip(NAMES, facts_by_rank)]
+    inventory = SimpleNamespace(get_host=lambda name, default=None: {h.name: h for h in hosts}.get(name, default))
+    for name, h in zip(NAMES, hosts):
+        h.name = name  # create_host() reuses its `name` argument as a loop variable
+        h.inventory, h.executing_op_hash = inventory, "op"
+    state.active_hosts, state.failed_hosts = set(hosts), set()
+
+    def one(rank):
+        with ctx_host.use(hosts[rank]):
+            return list(op._inner(**make_kwargs(rank)))
+
+    with ctx_state.use(state):
+        M._run().members["tp16"] = list(NAMES)
+        greenlets = [gevent.spawn(one, rank) for rank in range(2)]
+        gevent.joinall(greenlets, timeout=10, raise_error=True)
+    return [(h, g.value) for h, g in zip(hosts, greenlets)]
+
+
+def functions(commands) -> list[str]:
+    return [c.function.__name__ for c in commands if isinstance(c, FunctionCommand)]
+
+
+def restart_kwargs(rank):
+    spec = group_spec(NAMES[rank])
+    return {"spec": spec, "rendered": service.render(spec)}
+
+
+def test_group_running_as_wanted_restarts_nothing():
+    specs = [group_spec(n) for n in NAMES]
+    results = run_ops(M.group_restarted, [rank_facts(s, stamp(s)) for s in specs], restart_kwargs)
+    for host, commands in results:
+        assert commands == []
+        assert host.noop_description == "sglang.service runs as wanted on every rank of node group tp16: no restart"
+
+
+def test_one_rank_due_for_a_restart_restarts_the_whole_group():
+    specs = [group_spec(n) for n in NAMES]
+    M.RESTARTED_THIS_RUN.difference_update(NAMES)
+    results = run_ops(M.group_restarted, [rank_facts(specs[0], stamp(specs[0])), rank_facts(specs[1], None)],
+                      restart_kwargs)
+    assert [functions(commands) for _, commands in results] == [["_group_restart"], ["_group_restart"]]
+
+
+def test_a_rank_that_crashed_since_it_was_started_restarts_the_group():
+    specs = [group_spec(n) for n in NAMES]
+    facts = [rank_facts(specs[0], stamp(specs[0])), rank_facts(specs[1], stamp(specs[1]), restarts=2)]
+    state = TestingState()
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts[1])):
+        reasons = M.rank_restart_reasons(specs[1], service.render(specs[1]))
+    assert reasons == ["sglang.service crashed since it was started (systemd restarted it 2 time(s), now running)"]
+    results = run_ops(M.group_restarted, facts, restart_kwargs)
+    assert [functions(commands) for _, commands in results] == [["_group_restart"], ["_group_restart"]]
+
+
+def test_ready_group_is_a_no_op_and_a_loading_rank0_makes_every_rank_wait():
+    specs = [group_spec(n) for n in NAMES]
+    M.RESTARTED_THIS_RUN.difference_update(NAMES)
+    results = run_ops(M.group_ready, [rank_facts(s, stamp(s)) for s in specs], lambda rank: {"spec": specs[rank]})
+    assert [commands for _, commands in results] == [[], []]
+    assert results[0][0].noop_description == (
+        "node group tp16 is ready at rank 0 (sgc20); sglang.service active on all 2 ranks")
+    facts = [rank_facts(specs[0], stamp(specs[0]), health=503), rank_facts(specs[1], stamp(specs[1]))]
+    results = run_ops(M.group_ready, facts, lambda rank: {"spec": specs[rank]})
+    assert [functions(commands) for _, commands in results] == [["_group_wait"], ["_group_wait"]]

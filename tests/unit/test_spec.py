@@ -710,3 +710,87 @@ def test_plain_fields_same_nnodes_and_model(tmp_path, models_dir):
     text = PLAIN.replace('"node_rank": 1,', '"node_rank": 1, "model": "kimi-k2.6",')
     msg = invalid_inventory(tmp_path, text)
     assert "sb2: model = 'kimi-k2.6': rank 0 (sb1) of node group 'at 10.77.0.11:20000' runs 'sandbox-tiny'" in msg, msg
+
+
+# ---------------------------------------------------------------- fleets: servers behind a router, router hosts
+
+ROUTER = "http://10.0.0.9:30000"
+WORKER = "http://10.0.0.5:30000"
+
+
+def test_server_behind_a_router(ct200_data):
+    spec = S.build_spec("ct200", dict(ct200_data, router_url=ROUTER + "/", worker_url=WORKER, drain_timeout_s=30,
+                                      min_driver_version="570.86"), environ=ENV)
+    assert (spec.role, spec.router_url, spec.worker_url, spec.drain_timeout_s) == ("server", ROUTER, WORKER, 30.0)
+    assert spec.min_driver_version == "570.86"
+
+
+FLEET_INVALID = [
+    ("router_url_scheme", {"router_url": "10.0.0.9:30000", "worker_url": WORKER},
+     ["router_url = '10.0.0.9:30000'", "http:// or https://"]),
+    ("router_url_path", {"router_url": ROUTER + "/v1", "worker_url": WORKER},
+     ["router_url = 'http://10.0.0.9:30000/v1'", "without a path"]),
+    ("router_url_port", {"router_url": "http://10.0.0.9:99999", "worker_url": WORKER},
+     ["router_url = 'http://10.0.0.9:99999'", "invalid port", "1..65535"]),
+    ("worker_url_missing", {"router_url": ROUTER}, ["worker_url = None: required when router_url", "e.g. 'http://"]),
+    ("worker_url_port", {"router_url": ROUTER, "worker_url": "http://10.0.0.5:8000"},
+     ["worker_url = 'http://10.0.0.5:8000'", "port 8000 is not listen_port 30000"]),
+    ("drain_timeout_zero", {"drain_timeout_s": 0}, ["drain_timeout_s = 0", "greater than 0", "> 0"]),
+    ("min_driver_text", {"min_driver_version": "latest"}, ["min_driver_version = 'latest'", "e.g. '570.86'"]),
+    ("role_unknown", {"role": "gateway"}, ["role = 'gateway'", "'server'", "'router'"]),
+    ("router_key_on_server", {"router_policy": "random"},
+     ["router_policy = 'random'", "a router setting, for router hosts only", "role = 'router'"]),
+]
+
+
+@pytest.mark.parametrize("changes, expected", [c[1:] for c in FLEET_INVALID], ids=[c[0] for c in FLEET_INVALID])
+def test_invalid_fleet_settings(ct200_data, changes, expected):
+    with pytest.raises(S.SpecError) as e:
+        S.build_spec("ct200", dict(ct200_data, **changes), environ=ENV)
+    check_message(str(e.value), "ct200", expected)
+
+
+def test_router_host_ignores_server_keys(ct200_data):
+    spec = S.build_spec("r1", dict(ct200_data, role="router", router_url=ROUTER, ssh_hostname="10.0.0.9"))
+    assert isinstance(spec, S.RouterSpec)
+    assert (spec.router_package, spec.router_policy, spec.router_listen_port) == ("sglang-router==0.3.2", "round_robin", 30000)
+    assert (spec.router_prometheus_host, spec.router_prometheus_port) == ("127.0.0.1", 29000)
+    assert spec.is_multinode is False and spec.group_key is None
+
+
+def test_router_defaults_match_group_data_routers():
+    source = (REPO / "group_data" / "routers.py").read_text()
+    values = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(source).body
+              if isinstance(node, ast.Assign)}
+    assert set(values) == set(S.RouterSettings.model_fields) - {"venv_python", "get_pip_url", "pip_wheel"}
+    for key, value in values.items():
+        field = S.RouterSettings.model_fields[key]
+        if not field.is_required():
+            assert value == field.get_default(call_default_factory=True), key
+
+
+ROUTER_INVALID = [
+    ("policy", {"router_policy": "fastest"}, ["router_policy = 'fastest'", "'round_robin'", "'cache_aware'"]),
+    ("package_unpinned", {"router_package": "sglang-router"}, ["router_package = 'sglang-router'", "not pinned"]),
+    ("package_garbage", {"router_package": "sglang-router=="}, ["router_package = 'sglang-router=='", "not a pip requirement"]),
+    ("managed_flag", {"router_extra_args": ["--port", "8000"]},
+     ["router_extra_args = ['--port', '8000']", "--port is set by router_listen_port"]),
+    ("worker_urls_flag", {"router_extra_args": ["--worker-urls", WORKER]}, ["--worker-urls is set by", "/workers API"]),
+    ("same_ports", {"router_prometheus_port": 30000}, ["router_prometheus_port = 30000", "same port as router_listen_port"]),
+    ("port_range", {"router_listen_port": 0}, ["router_listen_port = 0", "1..65535"]),
+    ("listen_host", {"router_listen_host": "not a host"}, ["router_listen_host = 'not a host'", "IP address or hostname"]),
+    ("venv_relative", {"router_venv_path": "venv"}, ["router_venv_path = 'venv'", "absolute path"]),
+    ("module", {"router_module": "sglang_router/launch_router.py"}, ["router_module = ", "dotted Python module"]),
+    ("unit", {"router_unit_name": "router"}, ["router_unit_name = 'router'", "ending in '.service'"]),
+    ("readiness", {"router_readiness_timeout_s": -1}, ["router_readiness_timeout_s = -1", "greater than 0"]),
+    ("router_url", {"router_url": "ftp://x"}, ["router_url = 'ftp://x'", "http:// or https://"]),
+    ("typo", {"router_polcy": "random"}, ["router_polcy = 'random'", "did you mean 'router_policy'", "allowed for a router host"]),
+    ("literal_secret", {"api_key": KEY}, ["api_key = <hidden>", "literal secret"]),
+]
+
+
+@pytest.mark.parametrize("changes, expected", [c[1:] for c in ROUTER_INVALID], ids=[c[0] for c in ROUTER_INVALID])
+def test_invalid_router_settings(changes, expected):
+    with pytest.raises(S.SpecError) as e:
+        S.build_spec("r1", {"role": "router", **changes})
+    check_message(str(e.value), "r1", expected)

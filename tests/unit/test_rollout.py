@@ -1,0 +1,290 @@
+"""rollout/: batches, host selection, the summary, the fleet inventory, the
+router client script (against a fake router), and the recorded time to ready."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from pyinfra.api import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory_from_files
+from rich.console import Console
+
+from rollout import driver
+from rollout.__main__ import parse_args
+from rollout.driver import HostResult, RolloutReport, plan_batches, select_hosts, summary_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "routers, servers, size, canary, expected",
+    [
+        ([], ["a", "b", "c", "d"], 2, 1, [("canary", ["a"]), ("1", ["b", "c"]), ("2", ["d"])]),
+        (["r"], ["a", "b", "c", "d"], 2, 0, [("router", ["r"]), ("1", ["a", "b"]), ("2", ["c", "d"])]),
+        (["r1", "r2"], ["a"], 3, 1, [("router 1", ["r1"]), ("router 2", ["r2"]), ("canary", ["a"])]),
+        ([], ["a", "b", "c"], 1, 2, [("canary", ["a", "b"]), ("1", ["c"])]),
+        ([], ["a", "b"], 5, 5, [("canary", ["a", "b"])]),
+        ([], ["d", "a", "c"], 10, 0, [("1", ["d", "a", "c"])]),  # the given order, never sorted
+    ],
+)
+def test_plan_batches(routers, servers, size, canary, expected):
+    assert [(b.label, b.hosts) for b in plan_batches(routers, servers, size, canary)] == expected
+
+
+def test_plan_batches_keeps_a_tp_group_together():
+    groups = {"g0": "tp16", "g1": "tp16"}
+    batches = plan_batches([], ["a", "g0", "b", "g1", "c"], 2, 1, groups)
+    assert [(b.label, b.hosts) for b in batches] == [("canary", ["a"]), ("1", ["g0", "g1", "b"]), ("2", ["c"])]
+
+
+@pytest.mark.parametrize("size, canary", [(0, 0), (-1, 1), (2, -1)])
+def test_plan_batches_refuses_bad_sizes(size, canary):
+    with pytest.raises(ValueError):
+        plan_batches([], ["a"], size, canary)
+
+
+def load_inventory(tmp_path: Path, text: str):
+    path = tmp_path / "fleet.py"
+    path.write_text(textwrap.dedent(text))
+    with ctx_state.use(State()):
+        return make_inventory_from_files(str(path), cwd=str(REPO))
+
+
+def test_select_hosts_keeps_inventory_order_and_limits(tmp_path):
+    inventory = load_inventory(tmp_path, """
+        routers = [("r1", {"ssh_hostname": "10.0.0.1"})]
+        sandbox = [("s3", {"ssh_hostname": "10.0.0.3"}), ("s1", {"ssh_hostname": "10.0.0.4"}),
+                   ("s2", {"ssh_hostname": "10.0.0.5"})]
+    """)
+    assert [h.name for h in select_hosts(inventory, [])] == ["r1", "s3", "s1", "s2"]
+    assert [h.name for h in select_hosts(inventory, ["s*"])] == ["s3", "s1", "s2"]
+    assert [h.name for h in select_hosts(inventory, ["routers", "s2"])] == ["r1", "s2"]
+    assert select_hosts(inventory, ["nope"]) == []
+
+
+def render(report: RolloutReport) -> str:
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))
+    console.print(summary_table(report))
+    return console.export_text()
+
+
+def test_summary_table():
+    results = {
+        "r": HostResult("r", "router", "ok", False, False),
+        "a": HostResult("a", "canary", "ok", True, True, 4.25),
+        "b": HostResult("b", "1", "failed", True, False, None, "sglang.service ready: cause: RuntimeError: boom"),
+        "c": HostResult("c", "2"),
+    }
+    text = render(RolloutReport(results=results, batches=[], exit_code=1))
+    header = next(line for line in text.splitlines() if "host" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]] == [
+        "host", "batch", "result", "changed", "restarted", "time to ready", "error"]
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+            for line in text.splitlines() if line.startswith("│")}
+    assert rows["r"] == ["r", "router", "ok", "no", "no", "-", ""]
+    assert rows["a"] == ["a", "canary", "ok", "yes", "yes", "4.2 s", ""]
+    assert rows["b"][2] == "failed" and rows["b"][6] == "sglang.service ready: cause: RuntimeError: boom"
+    assert rows["c"] == ["c", "2", "not run", "-", "-", "-", ""]
+
+
+def test_explain_picks_the_cause():
+    lines = ["Error: executed 0/1 commands", "waiting: 5 s", "FAILED: sglang.service is failed/failed",
+             "cause: RuntimeError: CUDA error: invalid device ordinal", "journal:"]
+    assert driver._explain(lines) == "cause: RuntimeError: CUDA error: invalid device ordinal"
+    assert driver._explain(["Error", "something broke"]) == "something broke"
+    assert driver._explain([]) == ""
+
+
+def test_collect_strips_styles_and_splits_by_host():
+    store: dict[str, list[str]] = {}
+    driver._collect(store, "\x1b[1m[sgc11] \x1b[0m\x1b[31mcause: boom\x1b[0m")
+    driver._collect(store, "no host prefix")
+    assert store == {"sgc11": ["cause: boom"]}
+
+
+class _Gpu:
+    driver_version = "580.95.05"
+
+
+@pytest.mark.parametrize("wanted, problems", [(None, 0), ("570.86", 0), ("580.95.05", 0), ("580.95.6", 1), ("999.1", 1)])
+def test_driver_problems(wanted, problems):
+    class Spec:
+        min_driver_version = wanted
+
+    assert len(driver.driver_problems(Spec(), [_Gpu()])) == problems
+
+
+def test_cli_arguments():
+    args = parse_args(["inventory/x.py", "--batch-size", "2", "--canary", "1", "--limit", "sgc1*", "--dry",
+                       "--data", "a=1", "--group-data", "/tmp/g"])
+    assert (args.batch_size, args.canary, args.max_failed, args.dry) == (2, 1, 0, True)
+    assert args.limit == ["sgc1*"] and args.data == ["a=1"] and args.group_data == ["/tmp/g"]
+
+
+def test_cli_refuses_bad_batch_size():
+    proc = subprocess.run([sys.executable, "-m", "rollout", "inventory/sandbox_fleet.py", "--batch-size", "0"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2 and "--batch-size must be >= 1" in proc.stderr
+
+
+# ------------------------------------------------------------------ the fleet inventory
+
+
+def fleet_inventory(tmp_path: Path, indexes: list[int], **env) -> dict:
+    state = {"hosts": {f"sgc{i}": {"name": f"sgc{i}", "index": i, "address": f"10.77.{i}.2", "ssh_key": "/k"}
+                       for i in indexes}}
+    (tmp_path / "hosts.json").write_text(json.dumps(state))
+    code = ("import json, runpy; ns = runpy.run_path('inventory/sandbox_fleet.py');"
+            "print(json.dumps({'routers': ns['routers'], 'sandbox': ns['sandbox']}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "SGC_STATE_DIR": str(tmp_path), **env})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_fleet_inventory_router_first_servers_registered(tmp_path):
+    out = fleet_inventory(tmp_path, [3, 12, 10, 11, 25], SGC_FLEET_INDEXES="10-19")
+    assert [name for name, _ in out["routers"]] == ["sgc10"]
+    assert out["routers"][0][1]["router_url"] == "http://10.77.10.2:30000"
+    assert [name for name, _ in out["sandbox"]] == ["sgc11", "sgc12"]
+    data = dict(out["sandbox"])["sgc12"]
+    assert (data["router_url"], data["worker_url"]) == ("http://10.77.10.2:30000", "http://10.77.12.2:30000")
+
+
+def test_fleet_inventory_without_router(tmp_path):
+    out = fleet_inventory(tmp_path, [10, 11], SGC_FLEET_ROUTER="")
+    assert out["routers"] == []
+    assert [name for name, _ in out["sandbox"]] == ["sgc10", "sgc11"]
+    assert "router_url" not in dict(out["sandbox"])["sgc10"]
+
+
+# ------------------------------------------------------------------ remote/router_client.py
+
+
+class FakeRouter:
+    """The router's runtime API (POST/GET/DELETE /workers) and a worker's /v1/loads."""
+
+    def __init__(self):
+        self.workers: dict[str, dict] = {}
+        self.in_flight = [2, 1, 0]  # what /v1/loads answers, one value per call (the last repeats)
+        self.log: list[str] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def reply(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                fake.log.append(f"GET {self.path}")
+                if self.path == "/workers":
+                    return self.reply(200, {"workers": list(fake.workers.values()), "total": len(fake.workers)})
+                if self.path == "/v1/loads":
+                    n = fake.in_flight.pop(0) if len(fake.in_flight) > 1 else fake.in_flight[0]
+                    return self.reply(200, {"loads": [{"num_reqs": n, "num_waiting_reqs": 0}]})
+                if self.path == "/health":
+                    return self.reply(200, {})
+                return self.reply(404, {})
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.log.append(f"POST {self.path} {body['url']}")
+                wid = f"id{len(fake.log)}"
+                fake.workers[wid] = {"id": wid, "url": body["url"], "is_healthy": True}
+                return self.reply(202, {"status": "accepted", "worker_id": wid})
+
+            def do_DELETE(self):  # noqa: N802
+                fake.log.append(f"DELETE {self.path}")
+                fake.workers.pop(self.path.rsplit("/", 1)[1], None)
+                return self.reply(202, {"status": "accepted"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture
+def fake_router():
+    fake = FakeRouter()
+    yield fake
+    fake.close()
+
+
+def client(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "remote" / "router_client.py"), *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_router_client_register_then_drain(fake_router):
+    url = fake_router.url
+    proc = client("register", "--router", url, "--worker", url + "/")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "registered: " in proc.stdout and list(fake_router.workers.values())[0]["url"] == url
+    again = client("register", "--router", url, "--worker", url)
+    assert again.returncode == 0 and "already in the router" in again.stdout
+    assert sum(line.startswith("POST") for line in fake_router.log) == 1
+    proc = client("drain", "--router", url, "--worker", url, "--local", url, "--timeout", "10")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert fake_router.workers == {}
+    assert "idle after" in proc.stdout and "(2 request(s) were still running)" in proc.stdout
+    # removed from the router before waiting for the server to become idle
+    delete = next(i for i, line in enumerate(fake_router.log) if line.startswith("DELETE"))
+    assert all(not line.startswith("GET /v1/loads") for line in fake_router.log[:delete])
+
+
+def test_router_client_drain_times_out_on_a_busy_server(fake_router):
+    fake_router.in_flight = [3]
+    fake_router.workers["w"] = {"id": "w", "url": fake_router.url, "is_healthy": True}
+    proc = client("drain", "--router", fake_router.url, "--worker", fake_router.url, "--local", fake_router.url,
+                  "--timeout", "0.5")
+    assert proc.returncode == 1
+    assert "still has 3 request(s) after 0 s" in proc.stdout
+
+
+def test_router_client_router_down():
+    proc = client("register", "--router", "http://127.0.0.1:9", "--worker", "http://127.0.0.1:10")
+    assert proc.returncode == 1 and "does not answer GET /workers" in proc.stdout
+
+
+def test_router_client_skips_unready_workers(fake_router):
+    proc = client("register", "--router", fake_router.url, "--worker", "http://127.0.0.1:9", "--skip-unready")
+    assert proc.returncode == 0 and "skipped: http://127.0.0.1:9 is not ready" in proc.stdout
+    assert fake_router.workers == {}
+
+
+# ------------------------------------------------------------------ the router spec and unit
+
+
+def test_router_unit_and_argv():
+    from tasks.router import render_router_unit
+    from tasks.spec import build_spec
+
+    spec = build_spec("r1", {"role": "router", "router_url": "http://10.0.0.9:30000", "model": "ignored",
+                             "router_extra_args": ["--log-level", "warn"]})
+    assert spec.router_argv[:3] == ["/opt/sglang-router/venv/bin/python", "-m", "sglang_router.launch_router"]
+    assert spec.router_argv[3:] == ["--host", "0.0.0.0", "--port", "30000", "--policy", "round_robin",
+                                    "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000",
+                                    "--log-level", "warn"]
+    unit = render_router_unit(spec)
+    assert "ExecStart=/opt/sglang-router/venv/bin/python -m sglang_router.launch_router --host 0.0.0.0" in unit
+    assert "KillMode=control-group" in unit and "WantedBy=multi-user.target" in unit
+    assert spec.local_url == "http://127.0.0.1:30000" and spec.unit_path.endswith("/sglang-router.service")
