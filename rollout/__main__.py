@@ -43,6 +43,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def cli_mode() -> None:
+    """What pyinfra's own CLI sets up before it loads a deploy file: op order
+    from the deploy file's call stack (as `pyinfra ... deploy.py` orders and
+    hashes them), click styling, and remote output lines echoed."""
+    import click
+    import pyinfra
+    from pyinfra.api.output import set_echo, set_formatter
+
+    pyinfra.is_cli = True
+    set_formatter(click.style)
+    set_echo(click.echo)
+    sys.path.append(".")
+
+
 def main(argv: list[str] | None = None) -> int:
     from pyinfra_cli.log import setup_logging
     from pyinfra_cli.util import parse_cli_arg
@@ -63,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if not sys.stderr.isatty():
         os.environ.setdefault("PYINFRA_PROGRESS", "off")
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
+    cli_mode()
     from tasks.spec import SpecError
 
     driver = Driver(

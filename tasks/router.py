@@ -225,15 +225,19 @@ def fleet_worker_urls(spec) -> list[str]:
     """worker_url of every server of the inventory whose router_url is this router's."""
     if spec.router_url is None:
         return []
-    urls = []
+    urls, invalid = [], []
     for other in inventory:
         try:
             other_spec = host_spec(other)
         except SpecError:
-            continue  # its own deploy reports it
+            if other.data.get("router_url") == spec.router_url:
+                invalid.append(other.name)
+            continue  # its own deploy reports why
         if getattr(other_spec, "role", "server") == "server" and other_spec.router_url == spec.router_url:
             if other_spec.worker_url and other_spec.worker_url not in urls:
                 urls.append(other_spec.worker_url)
+    if invalid:
+        plan(f"not registered by the router's deploy (invalid settings): {', '.join(invalid)}")
     return urls
 
 

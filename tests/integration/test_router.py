@@ -105,7 +105,10 @@ def test_rolling_restart_through_the_router_fails_no_request(hosts, tmp_path):
 
 def test_router_restart_registers_its_workers_again(hosts, tmp_path):
     router_before = started_us(hosts[ROUTER], "sglang-router.service")
-    proc = rollout("--limit", ROUTER, "-q", "--data", 'router_extra_args=["--log-level", "warn"]')
+    folder = tmp_path / "routers"
+    folder.mkdir()
+    (folder / "routers.py").write_text('router_extra_args = ["--log-level", "warn"]\n')
+    proc = rollout("--limit", ROUTER, "-q", "--group-data", str(folder))
     assert proc.returncode == 0, proc.out[-5000:]
     assert summary(proc.out)[ROUTER]["restarted"] == "yes"
     assert started_us(hosts[ROUTER], "sglang-router.service") > router_before
