@@ -147,14 +147,16 @@ class SandboxHost:
     ) -> subprocess.CompletedProcess:
         """Run a shell command on the guest over ssh (text output captured)."""
         remote = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        # stdin only without input: gevent's subprocess.run (pyinfra's CLI monkey-patches
+        # subprocess when imported) refuses the two together even when stdin is None
+        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
         return subprocess.run(
             [*self.ssh_args(), remote],
             check=check,
             timeout=timeout,
-            input=input,
             text=True,
             capture_output=True,
-            stdin=None if input is not None else subprocess.DEVNULL,
+            **stdin,
         )
 
     def gpu_summary(self) -> str:
