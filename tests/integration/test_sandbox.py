@@ -162,7 +162,7 @@ def _leftovers() -> list[str]:
 
 def test_down_cleans_up_also_after_a_crash(sandbox_hosts):
     """Runs last: kills a guest's nspawn hard and loses the state file, then down()."""
-    from conftest import netns_names
+    from tests.conftest import netns_names
 
     victim = sandbox_hosts[1]
     os.kill(victim.nspawn_pid, signal.SIGKILL)  # the guest's systemd lives on, orphaned
