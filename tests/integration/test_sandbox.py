@@ -164,14 +164,19 @@ def test_down_cleans_up_also_after_a_crash(sandbox_hosts):
     """Runs last: kills a guest's nspawn hard and loses the state file, then down()."""
     from tests.conftest import netns_names
 
+    ours = {h.name for h in sandbox_hosts}
+    for other in [h for h in H.load_hosts() if h.name not in ours]:
+        H.remove(other.name)  # another module's hosts (e.g. the fleet): down() must find only ours
+    expected_netns = [ns for ns in netns_names() if ns not in {h.netns for h in sandbox_hosts}]
     victim = sandbox_hosts[1]
     os.kill(victim.nspawn_pid, signal.SIGKILL)  # the guest's systemd lives on, orphaned
     H.STATE_FILE.unlink()
     started = time.monotonic()
     removed = H.down()
     elapsed = time.monotonic() - started
-    assert {"sgc1", "sgc2"} <= set(removed)
-    assert netns_names() == sandbox_hosts.netns_before
+    assert removed == ["sgc1", "sgc2"]
+    assert netns_names() == expected_netns
+    assert set(expected_netns) <= set(sandbox_hosts.netns_before)  # nothing of ours is left
     assert _leftovers() == []
     assert elapsed < 15
     # bring the session's hosts back for any later test
