@@ -19,6 +19,9 @@ try:
 except ImportError:  # read without pyinfra (plain import, tests)
     InventoryError = RuntimeError  # type: ignore[misc,assignment]
 
+from sandbox import hubd  # noqa: E402
+from sandbox.inventory_data import connection_data  # noqa: E402
+
 STATE_FILE = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox")) / "hosts.json"
 
 
@@ -37,40 +40,8 @@ def _sandbox_hosts() -> list[tuple[str, dict]]:
         raise InventoryError(
             f"no sandbox hosts are up ({STATE_FILE} lists none): run `python -m sandbox up --hosts N` first"
         )
-    hosts = []
-    for e in entries:
-        hosts.append(
-            (
-                e["name"],
-                {
-                    "ssh_hostname": e["address"],
-                    "ssh_user": "root",
-                    "ssh_key": e["ssh_key"],
-                    "ssh_known_hosts_file": "/dev/null",
-                    "ssh_strict_host_key_checking": "no",
-                    "ssh_allow_agent": False,
-                    "ssh_look_for_keys": False,
-                    "ssh_connect_retries": 2,
-                    # the sandbox's Hub stand-in (sandbox/hubd.py), reached through the guest's gateway
-                    "hf_endpoint": f"http://10.77.0.1:{_hub_port()}",
-                    **_pip_wheel(),
-                },
-            )
-        )
-    return hosts
-
-
-def _hub_port() -> int:
-    try:
-        return int(json.loads((STATE_FILE.parent / "hub.json").read_text())["port"])
-    except (OSError, ValueError, KeyError):
-        return 18080
-
-
-def _pip_wheel() -> dict:
-    """The offline pip bootstrap: the pip wheel the scenario keeps on the machine."""
-    wheels = sorted(Path("/var/cache/sglang-converge/wheels").glob("pip-*.whl"))
-    return {"pip_wheel": str(wheels[-1])} if wheels else {}
+    # the sandbox's Hub stand-in (sandbox/hubd.py), reached through the guest's gateway
+    return [(e["name"], {**connection_data(e), "hf_endpoint": hubd.ENDPOINT}) for e in entries]
 
 
 sandbox = _sandbox_hosts()

@@ -23,6 +23,9 @@ try:
 except ImportError:  # read without pyinfra (plain import, tests)
     InventoryError = RuntimeError  # type: ignore[misc,assignment]
 
+from sandbox import hubd  # noqa: E402
+from sandbox.inventory_data import connection_data  # noqa: E402
+
 STATE_FILE = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox")) / "hosts.json"
 SERVER_PORT = 30000
 ROUTER_PORT = 30000
@@ -59,38 +62,15 @@ def _fleet() -> tuple[list, list]:
     router_url = f"http://{router_entry['address']}:{ROUTER_PORT}" if router_entry else None
     routers, servers = [], []
     for e in entries:
-        data = {
-            "ssh_hostname": e["address"],
-            "ssh_user": "root",
-            "ssh_key": e["ssh_key"],
-            "ssh_known_hosts_file": "/dev/null",
-            "ssh_strict_host_key_checking": "no",
-            "ssh_allow_agent": False,
-            "ssh_look_for_keys": False,
-            "ssh_connect_retries": 2,
-            **_pip_wheel(),
-        }
+        data = connection_data(e)
         if e is router_entry:
             routers.append((e["name"], {**data, "router_url": router_url}))
         else:
-            data["hf_endpoint"] = f"http://10.77.0.1:{_hub_port()}"
+            data["hf_endpoint"] = hubd.ENDPOINT
             if router_url:
                 data.update(router_url=router_url, worker_url=f"http://{e['address']}:{SERVER_PORT}")
             servers.append((e["name"], data))
     return routers, servers
-
-
-def _hub_port() -> int:
-    try:
-        return int(json.loads((STATE_FILE.parent / "hub.json").read_text())["port"])
-    except (OSError, ValueError, KeyError):
-        return 18080
-
-
-def _pip_wheel() -> dict:
-    """The offline pip bootstrap: the pip wheel the scenario keeps on the machine."""
-    wheels = sorted(Path("/var/cache/sglang-converge/wheels").glob("pip-*.whl"))
-    return {"pip_wheel": str(wheels[-1])} if wheels else {}
 
 
 routers, sandbox = _fleet()

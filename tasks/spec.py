@@ -695,16 +695,7 @@ class HostSettings(BaseModel):
     @field_validator("pip_wheel")
     @classmethod
     def _pip_wheel(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        path = Path(v).expanduser()
-        if not path.is_absolute():
-            path = REPO_ROOT / path
-        if not path.name.endswith(".whl") or not path.name.startswith("pip-"):
-            raise ValueError("must be the path of a pip wheel (pip-<version>-py3-none-any.whl) on the controller")
-        if not path.is_file():
-            raise ValueError(f"no such file on the controller ({path}): give an existing pip-*.whl, or None")
-        return str(path)
+        return _pip_wheel_file(v)
 
     @field_validator("compressed_tensors_allow_conflicts", "compressed_tensors_hold", mode="after")
     @classmethod

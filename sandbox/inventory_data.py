@@ -1,0 +1,27 @@
+"""host.data the sandbox inventories give every sandbox host (inventory/sandbox.py,
+inventory/sandbox_fleet.py): how pyinfra reaches it, and the offline pip wheel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WHEELS = Path("/var/cache/sglang-converge/wheels")
+
+
+def connection_data(entry: dict) -> dict:
+    """ssh_* keys for one host of the sandbox state file, plus the pip wheel when there is one."""
+    data = {
+        "ssh_hostname": entry["address"],
+        "ssh_user": "root",
+        "ssh_key": entry["ssh_key"],
+        # every guest of one rootfs shares its host keys: no known_hosts
+        "ssh_known_hosts_file": "/dev/null",
+        "ssh_strict_host_key_checking": "no",
+        "ssh_allow_agent": False,
+        "ssh_look_for_keys": False,
+        "ssh_connect_retries": 2,
+    }
+    wheels = sorted(WHEELS.glob("pip-*.whl"))  # the offline pip bootstrap the scenario keeps
+    if wheels:
+        data["pip_wheel"] = str(wheels[-1])
+    return data
