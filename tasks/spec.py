@@ -885,6 +885,14 @@ class HostSettings(BaseModel):
                 f"node_rank = {self.node_rank} is out of range for nnodes = {self.nnodes}: "
                 f"allowed: 0..{self.nnodes - 1}"
             )
+        if self.nnodes > 1 and self.node_rank > 0 and (self.router_url or self.worker_url):
+            # Only rank 0 of a multi-node group serves HTTP; the group is one router worker.
+            field = "router_url" if self.router_url else "worker_url"
+            lines.append(
+                f"{field} = {getattr(self, field)!r}: node_rank {self.node_rank} of a {self.nnodes}-node group "
+                "serves no HTTP: allowed: None here; set router_url and worker_url on rank 0 only, which "
+                "registers the whole group as one worker"
+            )
         if self.nnodes > 1 and self.dist_init_addr is None:
             lines.append(
                 f"dist_init_addr = None: required when nnodes = {self.nnodes}: "

@@ -611,6 +611,16 @@ def test_invalid_node_group(ct200_data, group, changes, expected):
     check_message(str(e.value), "ct200", expected)
 
 
+def test_only_rank0_of_a_node_group_joins_a_router(ct200_data):
+    router = {"router_url": "http://10.0.0.9:30000"}
+    rank0 = group_spec(ct200_data, **router, worker_url="http://10.0.0.1:30000")
+    assert rank0.router_url == "http://10.0.0.9:30000"  # rank 0 registers the group as one worker
+    with pytest.raises(S.SpecError) as e:
+        group_spec(ct200_data, name="ct201", **router, worker_url="http://10.0.0.2:30000")
+    check_message(str(e.value), "ct201", ["router_url = 'http://10.0.0.9:30000'", "node_rank 1 of a 2-node group",
+                                          "serves no HTTP", "set router_url and worker_url on rank 0 only"])
+
+
 def write_group_inventory(tmp_path: Path, hosts: str, group: str = "") -> Path:
     """Sandbox hosts (group_data/sandbox.py applies) plus, after them, a group with node_group data."""
     return write_sandbox_inventory(tmp_path, hosts + group)
