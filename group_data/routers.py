@@ -19,3 +19,9 @@ router_policy = "round_robin"           # round_robin, cache_aware, random, powe
 router_extra_args = []                  # more router flags (not --host/--port/--policy/--prometheus-*/--worker-urls)
 router_unit_name = "sglang-router.service"
 router_readiness_timeout_s = 120        # seconds until the router must answer /liveness
+# The router and its servers share one API key: clients present it to the
+# router, the router gives it to the servers, the servers' deploys use it on
+# the router's /workers API. It reaches the router through a root-only file
+# and our launcher (remote/router_launch.py), never argv.
+api_key_env = "SGLANG_API_KEY"          # NAME of the controller env var (None: an open router, keyless servers)
+api_key_required = True                 # False: a missing variable means "run without a key"

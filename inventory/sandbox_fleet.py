@@ -64,7 +64,8 @@ def _fleet() -> tuple[list, list]:
     for e in entries:
         data = connection_data(e)
         if e is router_entry:
-            routers.append((e["name"], {**data, "router_url": router_url}))
+            # like the sandbox servers (group_data/sandbox.py): keyed when SGLANG_API_KEY is exported
+            routers.append((e["name"], {**data, "router_url": router_url, "api_key_required": False}))
         else:
             data["hf_endpoint"] = hubd.ENDPOINT
             if router_url:

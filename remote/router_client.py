@@ -6,11 +6,17 @@ Removal does not wait for a worker's in-flight requests, so `drain` waits
 until the server itself is idle (/v1/loads or /get_load: num_reqs +
 num_waiting_reqs == 0) before the deploy restarts it.
 
-    python3 router_client.py drain --router URL --worker URL --local URL [--options-file F] --timeout 600
-    python3 router_client.py register --router URL --worker URL [--worker URL ...] [--skip-unready] --timeout 60
+    python3 router_client.py drain --router URL --worker URL --local URL [--auth-file F] --timeout 600
+    python3 router_client.py register --router URL --worker URL [--worker URL ...] [--skip-unready]
+                                      [--auth-file F] --timeout 60
 
-Stdlib only; the API key (if any) is read from the server's root-only
-options file, never from argv.
+Stdlib only. The API key (if any) is read from a root-only file holding it as
+an HTTP header line (``Authorization: Bearer KEY``), never from argv. The
+router and its servers share it: it authenticates the calls to the router's
+/workers API and to the server, and it is registered with each worker
+(POST /workers {"url", "api_key"}) so the router gives it to the server with
+every request. A keyed server is never registered in a router that answers
+without a key: through it, anyone could use the server.
 """
 
 from __future__ import annotations
@@ -47,24 +53,40 @@ def call(method: str, url: str, body: dict | None = None, key: str | None = None
         return status, raw.decode(errors="replace")
 
 
-def api_key(options_file: str | None) -> str | None:
-    if not options_file:
+PREFIX = "authorization: bearer "
+KEY: str | None = None  # set by main() from --auth-file
+
+
+def api_key(auth_file: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer KEY`` line in auth_file."""
+    if not auth_file:
         return None
     try:
-        with open(options_file) as handle:
+        with open(auth_file) as handle:
             for line in handle:
-                key, sep, value = line.partition(":")
-                if sep and key.strip() == "api-key":
-                    value = value.strip()
-                    return json.loads(value) if value.startswith('"') else value
-    except OSError:
-        return None
+                line = line.strip()
+                if line.lower().startswith(PREFIX) and line[len(PREFIX):].strip():
+                    return line[len(PREFIX):].strip()
+    except OSError as error:
+        print(f"FAILED: cannot read the API key file {auth_file}: {error}")
+        raise SystemExit(1)
     return None
 
 
+def refused(router: str, status: int) -> bool:
+    if status in (401, 403):
+        print(f"FAILED: the router at {router} refused the API key ({status}): "
+              + ("give the router and its servers the same key (api_key_env)" if KEY else
+                 "it demands a key and this host has none (api_key_env)"))
+        return True
+    return False
+
+
 def workers(router: str) -> list[dict] | None:
-    status, body = call("GET", router + "/workers")
+    status, body = call("GET", router + "/workers", key=KEY)
     if status != 200 or not isinstance(body, dict):
+        if refused(router, status):
+            raise SystemExit(1)
         return None
     return list(body.get("workers") or [])
 
@@ -72,6 +94,12 @@ def workers(router: str) -> list[dict] | None:
 def entries(router: str, url: str) -> list[dict] | None:
     listed = workers(router)
     return None if listed is None else [w for w in listed if str(w.get("url", "")).rstrip("/") == url]
+
+
+def router_is_open(router: str) -> bool:
+    """The router serves its /workers API without a key."""
+    status, _ = call("GET", router + "/workers")
+    return status == 200
 
 
 def in_flight(local: str, key: str | None) -> int | None:
@@ -93,7 +121,7 @@ def drain(args) -> int:
         print(f"FAILED: the router at {args.router} does not answer GET /workers")
         return 1
     for worker in found:
-        status, _ = call("DELETE", f"{args.router}/workers/{worker['id']}")
+        status, _ = call("DELETE", f"{args.router}/workers/{worker['id']}", key=KEY)
         if status not in (200, 202, 204, 404):
             print(f"FAILED: DELETE {args.router}/workers/{worker['id']} answered {status or 'nothing'}")
             return 1
@@ -105,10 +133,9 @@ def drain(args) -> int:
         if found:
             time.sleep(POLL_S)
     removed = time.monotonic() - start
-    key = api_key(args.options_file)
     peak = 0
     while True:
-        busy = in_flight(args.local, key)
+        busy = in_flight(args.local, KEY)
         if busy is None:
             print(f"drained: {args.worker} out of the router in {removed:.1f} s; "
                   f"{args.local} reports no load (not running?)")
@@ -127,6 +154,11 @@ def drain(args) -> int:
 
 def register(args) -> int:
     start = time.monotonic()
+    if KEY and router_is_open(args.router):
+        print(f"FAILED: the router at {args.router} answers without an API key, and this server demands one: "
+              "registered there, anyone reaching the router could use it; give the router the same key "
+              "(its api_key_env)")
+        return 1
     pending = []
     for url in args.worker:
         found = entries(args.router, url)
@@ -137,13 +169,14 @@ def register(args) -> int:
             print(f"registered: {url} is already in the router at {args.router}, healthy")
             continue
         if args.skip_unready:
-            status, _ = call("GET", url + "/health")
+            status, _ = call("GET", url + "/health", key=KEY)
             if status != 200:
                 print(f"skipped: {url} is not ready (/health {status or 'no answer'}): "
                       "it registers itself when its own deploy makes it ready")
                 continue
         if not found:
-            status, body = call("POST", args.router + "/workers", {"url": url})
+            body = {"url": url, **({"api_key": KEY} if KEY else {})}
+            status, body = call("POST", args.router + "/workers", body, key=KEY)
             if status not in (200, 201, 202):
                 print(f"FAILED: POST {args.router}/workers {{url: {url}}} answered {status or 'nothing'}: {body}")
                 return 1
@@ -172,14 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--router", required=True)
     d.add_argument("--worker", required=True)
     d.add_argument("--local", required=True)
-    d.add_argument("--options-file")
+    d.add_argument("--auth-file")
     d.add_argument("--timeout", type=float, default=600)
     r = sub.add_parser("register")
     r.add_argument("--router", required=True)
     r.add_argument("--worker", action="append", required=True)
     r.add_argument("--skip-unready", action="store_true")
+    r.add_argument("--auth-file")
     r.add_argument("--timeout", type=float, default=60)
     args = parser.parse_args(argv)
+    global KEY
+    KEY = api_key(args.auth_file)
     args.router = args.router.rstrip("/")
     if args.command == "drain":
         args.worker = args.worker.rstrip("/")

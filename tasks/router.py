@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pyinfra import host, inventory
 from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.operations import files
 
 from tasks._common import FileText, _stream, fail_command, managed_file, plan, preparing, report
 from tasks._facts import FactValue
@@ -43,7 +44,7 @@ from tasks.service import (
     systemd_quote,
     unit_installed,
 )
-from tasks.spec import SpecError, host_spec
+from tasks.spec import ROUTER_LAUNCHER, SpecError, host_spec
 
 CLIENT_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "router_client.py"
 REGISTER_TIMEOUT_S = 60
@@ -67,13 +68,16 @@ class RouterWorkers(FactBase[list[RouterWorker] | None]):
 
     .. code:: python
 
-        workers = host.get_fact(RouterWorkers, router_url="http://10.77.10.2:30000")
+        workers = host.get_fact(RouterWorkers, router_url="http://10.77.10.2:30000",
+                                auth_file="/etc/sglang/sglang.auth")  # auth_file: a keyed router
         [w.url for w in workers or [] if w.healthy]
     """
 
-    def command(self, router_url: str) -> StringCommand:
+    def command(self, router_url: str, auth_file: str | None = None) -> StringCommand:
+        # A keyed router wants the key: curl reads the header line from the root-only file.
+        auth = ["-H", QuoteString("@" + auth_file)] if auth_file else []
         return StringCommand(
-            "curl -s -f -m 5", QuoteString(router_url.rstrip("/") + "/workers"), "|| echo unreachable"
+            "curl -s -f -m 5", *auth, QuoteString(router_url.rstrip("/") + "/workers"), "|| echo unreachable"
         )
 
     def process(self, output) -> list[RouterWorker] | None:
@@ -95,7 +99,13 @@ class RouterWorkers(FactBase[list[RouterWorker] | None]):
         ]
 
 
+def router_workers(router_url: str, auth_file: str | None) -> list[RouterWorker] | None:
+    return host.get_fact(RouterWorkers, router_url=router_url, auth_file=auth_file)
+
+
 # --- the router host --------------------------------------------------------------
+
+LAUNCHER_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "router_launch.py"
 
 
 def render_router_unit(spec) -> str:
@@ -105,6 +115,9 @@ def render_router_unit(spec) -> str:
         policy=spec.router_policy,
         port=spec.router_listen_port,
         exec_start=" ".join(systemd_quote(arg) for arg in spec.router_argv),
+        # a new launcher changes the unit, so the router restarts with it
+        launcher=ROUTER_LAUNCHER if spec.api_key else None,
+        launcher_sha256=sha256(LAUNCHER_SCRIPT.read_text()) if spec.api_key else None,
     )
 
 
@@ -119,7 +132,11 @@ def _package_name(requirement: str) -> str:
     return canonicalize_name(Requirement(requirement).name)
 
 
-def router_restart_reasons(unit: str, unit_text: str, venv_path: str, package: str) -> list[str]:
+def _auth_digest(auth_text: str) -> str | None:
+    return sha256(auth_text) if auth_text else None
+
+
+def router_restart_reasons(unit: str, unit_text: str, venv_path: str, package: str, auth_text: str = "") -> list[str]:
     """Why the router must be (re)started now; empty when it runs as wanted."""
     state = host.get_fact(SystemdUnitState, unit=unit)
     if not _running(state):
@@ -136,21 +153,24 @@ def router_restart_reasons(unit: str, unit_text: str, venv_path: str, package: s
         reasons.append("unit file changed")
     if started_with.get("package") != version:
         reasons.append(f"{name} {started_with.get('package', '-')} -> {version}")
+    if started_with.get("auth") != _auth_digest(auth_text):
+        reasons.append("API key changed")
     return reasons
 
 
 @operation()
-def router_restarted(unit: str, unit_text: str, venv_path: str, package: str):
+def router_restarted(unit: str, unit_text: str, venv_path: str, package: str, auth_text: str = ""):
     """
-    (Re)start the router only when its unit or its package changed since it
-    was started, or it is not running; record what it was started with.
+    (Re)start the router only when its unit, its package or its API key
+    changed since it was started, or it is not running; record what it was
+    started with (the key only as a digest).
 
     .. code:: python
 
         router_restarted(unit="sglang-router.service", unit_text=text,
                          venv_path="/opt/sglang-router/venv", package="sglang-router==0.3.2")
     """
-    reasons = router_restart_reasons(unit, unit_text, venv_path, package)
+    reasons = router_restart_reasons(unit, unit_text, venv_path, package, auth_text)
     if not reasons:
         host.noop(f"{unit} runs as wanted: no restart")
         return
@@ -159,8 +179,10 @@ def router_restarted(unit: str, unit_text: str, venv_path: str, package: str):
     plan(f"{verb} {unit}: " + "; ".join(reasons) + ("; its workers are registered again" if running else ""))
     report(f"router: {verb} {unit}: " + "; ".join(reasons))
     name = _package_name(package)
-    stamp = json.dumps({"unit": sha256(unit_text), "package": host.get_fact(VenvPackages, path=venv_path).get(name)},
-                       sort_keys=True)
+    started = {"unit": sha256(unit_text), "package": host.get_fact(VenvPackages, path=venv_path).get(name)}
+    if auth_text:
+        started["auth"] = _auth_digest(auth_text)
+    stamp = json.dumps(started, sort_keys=True)
     yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null; true")
     yield StringCommand("systemctl restart", QuoteString(unit))
     yield FunctionCommand(_mark_restarted, (), {})
@@ -246,17 +268,21 @@ def client_command(python: str, *args: str) -> str:
     return " ".join(shlex.quote(arg) for arg in (python, "-u", "-c", CLIENT_SCRIPT.read_text(), *args))
 
 
-def _register(state, host, python: str, router_url: str, worker_urls: list[str], skip_unready: bool) -> bool:
+def _register(state, host, python: str, router_url: str, worker_urls: list[str], skip_unready: bool,
+              auth_file: str | None = None) -> bool:
     args = ["register", "--router", router_url, "--timeout", str(REGISTER_TIMEOUT_S)]
     for url in worker_urls:
         args += ["--worker", url]
     if skip_unready:
         args.append("--skip-unready")
+    if auth_file:
+        args += ["--auth-file", auth_file]
     return _stream(state, host, client_command(python, *args), REGISTER_TIMEOUT_S * len(worker_urls) + 30)
 
 
 @operation()
-def fleet_workers_registered(router_url: str, worker_urls: list[str], python: str = "/usr/bin/python3"):
+def fleet_workers_registered(router_url: str, worker_urls: list[str], python: str = "/usr/bin/python3",
+                             auth_file: str | None = None):
     """
     Every ready server that names this router is registered in it (after a
     router restart its list is empty); servers that are not ready are left to
@@ -265,6 +291,7 @@ def fleet_workers_registered(router_url: str, worker_urls: list[str], python: st
     + router_url: the router as its own host reaches it
     + worker_urls: the servers' worker_url
     + python: an interpreter on the host (runs remote/router_client.py)
+    + auth_file: the root-only file with the router's key (a keyed router)
 
     .. code:: python
 
@@ -273,14 +300,14 @@ def fleet_workers_registered(router_url: str, worker_urls: list[str], python: st
     if not worker_urls:
         host.noop("no server of the inventory names this router (router_url)")
         return
-    listed = None if host.name in RESTARTED_THIS_RUN else host.get_fact(RouterWorkers, router_url=router_url)
+    listed = None if host.name in RESTARTED_THIS_RUN else router_workers(router_url, auth_file)
     healthy = {w.url for w in listed or [] if w.healthy}
     missing = [url for url in worker_urls if url not in healthy]
     if not missing:
         host.noop(f"all {len(worker_urls)} server(s) are registered and healthy")
         return
     plan(f"register the ready ones of {len(missing)} server(s): {', '.join(missing)}")
-    yield FunctionCommand(_register, (python, router_url, missing, True), {})
+    yield FunctionCommand(_register, (python, router_url, missing, True), {"auth_file": auth_file} if auth_file else {})
 
 
 @deploy("Router")
@@ -290,15 +317,24 @@ def router(spec):
     pip_bootstrapped(path=spec.router_venv_path, get_pip_url=spec.get_pip_url, pip_wheel=spec.pip_wheel,
                      name="pip works in the router's venv")
     packages(path=spec.router_venv_path, requirements=[spec.router_package], name=f"{spec.router_package}")
+    auth_text = spec.auth_header()
+    if auth_text:
+        managed_file(dest=spec.auth_path, content=auth_text, mode="600", secrets=[spec.api_key.get_secret_value()],
+                     name=f"API key file {spec.auth_path} (0600)")
+        managed_file(dest=ROUTER_LAUNCHER, content=LAUNCHER_SCRIPT.read_text(), mode="644",
+                     name=f"launcher {ROUTER_LAUNCHER} (gives the router its key)")
+    else:
+        files.file(path=spec.auth_path, present=False, name=f"no API key file {spec.auth_path}")
     unit_text = render_router_unit(spec)
     managed_file(dest=spec.unit_path, content=unit_text, mode="644", name=f"unit file {spec.unit_path}")
     unit_installed(unit=spec.router_unit_name, name=f"{spec.router_unit_name} loaded and enabled")
     router_restarted(unit=spec.router_unit_name, unit_text=unit_text, venv_path=spec.router_venv_path,
-                     package=spec.router_package, name=f"{spec.router_unit_name} running the wanted config")
+                     package=spec.router_package, auth_text=auth_text,
+                     name=f"{spec.router_unit_name} running the wanted config")
     router_ready(unit=spec.router_unit_name, url=spec.local_url, timeout_s=spec.router_readiness_timeout_s,
                  name=f"{spec.router_unit_name} ready")
     fleet_workers_registered(router_url=spec.local_url, worker_urls=fleet_worker_urls(spec), python=spec.venv_python,
-                             name="servers registered in the router")
+                             auth_file=spec.auth_path if auth_text else None, name="servers registered in the router")
 
 
 # --- a server behind a router ------------------------------------------------------
@@ -309,10 +345,10 @@ def _mine(worker_url: str, listed: list[RouterWorker] | None) -> list[RouterWork
 
 
 def _drain(state, host, python: str, router_url: str, worker_url: str, local: str, timeout_s: float,
-           options_file: str | None) -> bool:
+           auth_file: str | None) -> bool:
     args = ["drain", "--router", router_url, "--worker", worker_url, "--local", local, "--timeout", str(timeout_s)]
-    if options_file:
-        args += ["--options-file", options_file]
+    if auth_file:
+        args += ["--auth-file", auth_file]
     return _stream(state, host, client_command(python, *args), int(timeout_s) + 60)
 
 
@@ -334,7 +370,8 @@ def worker_drained(spec):
     if not restart_reasons(spec, render(spec)):
         host.noop("no restart planned: stays in the router")
         return
-    listed = host.get_fact(RouterWorkers, router_url=spec.router_url)
+    auth_file = spec.auth_path if spec.api_key else None
+    listed = router_workers(spec.router_url, auth_file)
     if listed is None:
         host.noop(f"the router at {spec.router_url} does not answer: nothing to drain")
         return
@@ -344,20 +381,23 @@ def worker_drained(spec):
     plan(f"take {spec.worker_url} out of the router at {spec.router_url} and wait until it is idle "
          f"(at most {spec.drain_timeout_s:.0f} s) before the restart")
     yield FunctionCommand(_drain, (spec.venv_python, spec.router_url, spec.worker_url, local_url(spec),
-                                   spec.drain_timeout_s, spec.options_path if spec.server_options else None), {})
+                                   spec.drain_timeout_s, auth_file), {})
 
 
 @operation()
-def worker_registered(router_url: str, worker_url: str, python: str = "/usr/bin/python3"):
+def worker_registered(router_url: str, worker_url: str, python: str = "/usr/bin/python3",
+                      auth_file: str | None = None):
     """
-    Once the server is ready: it is in its router (POST /workers {url}) and
-    the router reports it healthy. Nothing when it already is.
+    Once the server is ready: it is in its router (POST /workers {url,
+    api_key}) and the router reports it healthy. Nothing when it already is.
+
+    + auth_file: the root-only file with the server's API key (a keyed server)
 
     .. code:: python
 
         worker_registered(router_url="http://10.77.10.2:30000", worker_url="http://10.77.11.2:30000")
     """
-    listed = host.get_fact(RouterWorkers, router_url=router_url)
+    listed = router_workers(router_url, auth_file)
     if any(w.healthy for w in _mine(worker_url, listed)):
         host.noop(f"{worker_url} is in the router at {router_url}, healthy")
         return
@@ -366,7 +406,8 @@ def worker_registered(router_url: str, worker_url: str, python: str = "/usr/bin/
                            f"{host.name}: {worker_url} cannot be registered (deploy the router hosts first)")
         return
     plan(f"register {worker_url} in the router at {router_url}")
-    yield FunctionCommand(_register, (python, router_url, [worker_url], False), {})
+    yield FunctionCommand(_register, (python, router_url, [worker_url], False),
+                          {"auth_file": auth_file} if auth_file else {})
 
 
 @deploy("Router: drain")
@@ -375,6 +416,11 @@ def drain(spec):
     if spec.router_url is None:
         return
     server_args_accepted(spec=spec, rendered=render(spec), name="SGLang parser accepts the command line (before drain)")
+    if spec.api_key:  # the key for the router's /workers API, as curl and router_client.py read it
+        managed_file(dest=spec.auth_path, content=spec.auth_header(), mode="600",
+                     secrets=[spec.api_key.get_secret_value()], name=f"API key file {spec.auth_path} (0600)")
+    else:
+        files.file(path=spec.auth_path, present=False, name=f"no API key file {spec.auth_path}")
     worker_drained(spec=spec, name=f"{spec.worker_url} out of the router before a restart")
 
 
@@ -384,5 +430,5 @@ def register(spec):
     if spec.router_url is None:
         return
     worker_registered(router_url=spec.router_url, worker_url=spec.worker_url, python=spec.venv_python,
-                      name=f"{spec.worker_url} in the router")
+                      auth_file=spec.auth_path if spec.api_key else None, name=f"{spec.worker_url} in the router")
 

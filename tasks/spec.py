@@ -914,6 +914,11 @@ DATA_KEYS: frozenset[str] = frozenset(HostSettings.model_fields)
 
 # ---------------------------------------------------------------- router hosts (role = "router")
 
+# The router module whose Python API our launcher (remote/router_launch.py) drives to give it the API key.
+ROUTER_KEY_MODULE = "sglang_router.launch_router"
+# Where the launcher is installed on a router host.
+ROUTER_LAUNCHER = "/usr/local/lib/sglang-converge/router_launch.py"
+
 # SGLang router (sglang-router / smg) policies.
 ROUTER_POLICIES = ("round_robin", "cache_aware", "random", "power_of_two")
 # Router flags the router settings set: in router_extra_args they are refused.
@@ -985,11 +990,24 @@ class RouterSettings(BaseModel):
     pip_wheel: StrictStr | None = Field(
         None, description="path on the controller of a pip *.whl uploaded to offline hosts, or None"
     )
+    api_key_env: StrictStr | None = Field(
+        "SGLANG_API_KEY",
+        description="NAME of a controller environment variable holding the API key the router demands from "
+        "clients and gives its workers (its servers' key), or None",
+    )
+    api_key_required: StrictBool = Field(
+        True, description="true: a missing api_key_env variable is an error; false: run the router without a key"
+    )
 
     @field_validator("router_url")
     @classmethod
     def _router_url(cls, v: str | None) -> str | None:
         return None if v is None else _router_url(v)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _router_key_env(cls, v: str | None) -> str | None:
+        return HostSettings._secret_env(v)
 
     @field_validator("router_package")
     @classmethod
@@ -1068,6 +1086,16 @@ class RouterSettings(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _key_launcher(self) -> RouterSettings:
+        if self.api_key_env is not None and self.router_module != ROUTER_KEY_MODULE:
+            raise _lines(
+                f"router_module = {self.router_module!r}: with api_key_env = {self.api_key_env!r} the key reaches "
+                f"the router through our launcher for {ROUTER_KEY_MODULE!r} (never argv): allowed: "
+                f"{ROUTER_KEY_MODULE!r}, or api_key_env = None"
+            )
+        return self
+
 
 # Keys only a router host has (documented in group_data/routers.py).
 ROUTER_KEYS: frozenset[str] = frozenset(RouterSettings.model_fields) - DATA_KEYS
@@ -1083,6 +1111,7 @@ class RouterSpec(RouterSettings):
     """
 
     host_name: StrictStr
+    api_key: SecretStr | None = None
 
     # a router host is never part of a multi-node TP group
     is_multinode: typing.ClassVar[bool] = False
@@ -1114,10 +1143,24 @@ class RouterSpec(RouterSettings):
         return f"http://{address}:{self.router_listen_port}"
 
     @property
+    def auth_path(self) -> str:
+        """Root-only (0600) file with the router's API key as an HTTP header
+        (read by our launcher, by curl -H @FILE and by remote/router_client.py)."""
+        return f"{CONFIG_DIR}/{self.unit_stem}.auth"
+
+    def auth_header(self) -> str:
+        return _auth_header(self.api_key)
+
+    @property
     def router_argv(self) -> list[str]:
-        """The router's command line (workers are added at run time through POST /workers)."""
+        """The router's command line (workers are added at run time through POST /workers).
+        With an API key: our launcher, which reads the key from the root-only
+        key file and hands it to the router's Python API, never to argv."""
+        start = [self.python_bin, "-m", self.router_module]
+        if self.api_key is not None:
+            start = [self.python_bin, ROUTER_LAUNCHER, "--auth-file", self.auth_path, "--"]
         return [
-            self.python_bin, "-m", self.router_module,
+            *start,
             "--host", self.router_listen_host,
             "--port", str(self.router_listen_port),
             "--policy", self.router_policy,
@@ -1127,7 +1170,8 @@ class RouterSpec(RouterSettings):
         ]  # fmt: skip
 
 
-def build_router_spec(host_name: str, data: Mapping[str, Any]) -> RouterSpec:
+def build_router_spec(host_name: str, data: Mapping[str, Any],
+                      environ: Mapping[str, str] = os.environ) -> RouterSpec:
     """Validate a router host's data (role = 'router') into a RouterSpec, or
     raise SpecError listing every problem, one line each, prefixed with the host.
     The servers' keys (group_data/all.py defaults) are not used and not checked."""
@@ -1155,10 +1199,46 @@ def build_router_spec(host_name: str, data: Mapping[str, Any]) -> RouterSpec:
             )
     if not problems:
         try:
-            return RouterSpec.model_validate({**ours, "host_name": host_name})
+            settings = RouterSettings.model_validate(ours)
         except ValidationError as e:
             problems.extend(_format_errors(e, RouterSettings))
+        else:
+            key, problem = _secret_from_env(settings.api_key_env, settings.api_key_required, environ,
+                                            "run the router")
+            if problem:
+                problems.append(problem)
+            else:
+                return RouterSpec.model_validate({**settings.model_dump(), "host_name": host_name, "api_key": key})
     raise SpecError([f"{host_name}: {line}" for line in problems])
+
+
+def _auth_header(key: SecretStr | None) -> str:
+    """The API key as an HTTP header line ('' without a key)."""
+    return "" if key is None else f"Authorization: Bearer {key.get_secret_value()}\n"
+
+
+_API_KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")
+
+
+def _secret_from_env(name: str | None, required: bool, environ: Mapping[str, str],
+                     without: str) -> tuple[SecretStr | None, str | None]:
+    """(the API key from the controller's environment, or the problem line)."""
+    if name is None:
+        return None, None
+    value = environ.get(name)
+    if value and not _API_KEY_CHARS.match(value):
+        return None, (f"api_key_env = {name!r}: the value of {name} holds spaces, control characters or non-ASCII "
+                      "characters: allowed: a key of printable ASCII characters without spaces (it travels in an "
+                      "HTTP Authorization header)")
+    if value:
+        return SecretStr(value), None
+    if not required:
+        return None, None
+    return None, (
+        f"api_key_env = {name!r}: the environment variable {name} is not set (or empty) on the controller, "
+        f"where pyinfra runs: export {name}=..., or set api_key_env = None to {without} without a key "
+        "(or api_key_required = False to make it optional)"
+    )
 
 
 # ---------------------------------------------------------------- the spec
@@ -1238,6 +1318,15 @@ class Spec(HostSettings):
     def env_path(self) -> str:
         """The unit's EnvironmentFile (0600)."""
         return f"{CONFIG_DIR}/{self.unit_stem}.env"
+
+    @property
+    def auth_path(self) -> str:
+        """Root-only (0600) file with the API key as an HTTP header, for calls to
+        the router's /workers API (curl -H @FILE, remote/router_client.py)."""
+        return f"{CONFIG_DIR}/{self.unit_stem}.auth"
+
+    def auth_header(self) -> str:
+        return _auth_header(self.api_key)
 
     @property
     def unit_path(self) -> str:
@@ -1539,7 +1628,7 @@ def build_spec(
     ``addresses`` (inventory host name -> address, e.g. ssh_hostname) gives
     rank 0's address when a node_group has no dist_init_host."""
     if data.get("role") == "router":  # SGLang's router (group_data/routers.py): its own settings
-        return build_router_spec(host_name, data)  # type: ignore[return-value]
+        return build_router_spec(host_name, data, environ)  # type: ignore[return-value]
     problems: list[str] = []
     ours: dict[str, Any] = {}
     for key, value in data.items():
@@ -1588,17 +1677,10 @@ def build_spec(
 
     secrets: dict[str, SecretStr | None] = {"api_key": None, "hf_token": None}
     if settings is not None:
-        if settings.api_key_env is not None:
-            value = environ.get(settings.api_key_env)
-            if value:
-                secrets["api_key"] = SecretStr(value)
-            elif settings.api_key_required:
-                problems.append(
-                    f"api_key_env = {settings.api_key_env!r}: the environment variable "
-                    f"{settings.api_key_env} is not set (or empty) on the controller, where pyinfra runs: "
-                    f"export {settings.api_key_env}=..., or set api_key_env = None to serve without a key "
-                    "(or api_key_required = False to make it optional)"
-                )
+        secrets["api_key"], problem = _secret_from_env(settings.api_key_env, settings.api_key_required, environ,
+                                                       "serve")
+        if problem:
+            problems.append(problem)
         if settings.hf_token_env is not None and environ.get(settings.hf_token_env):
             secrets["hf_token"] = SecretStr(environ[settings.hf_token_env])
 
@@ -1748,6 +1830,35 @@ def _targeted_hosts(inventory: Any) -> list[Any]:
     return hosts
 
 
+def _router_key_problems(specs: Mapping[str, Any]) -> list[str]:
+    """A router and the servers behind it share one API key: the servers use
+    it to call the router's /workers API, the router gives it to them with
+    each request, and a keyed server behind a keyless router would serve
+    anyone who reaches the router."""
+    routers = {s.router_url: s for s in specs.values() if getattr(s, "role", "server") == "router" and s.router_url}
+    lines = []
+    for spec in specs.values():
+        router = routers.get(spec.router_url) if getattr(spec, "role", "server") == "server" else None
+        if router is None:
+            continue
+        mine = spec.api_key.get_secret_value() if spec.api_key else None
+        theirs = router.api_key.get_secret_value() if router.api_key else None
+        if mine == theirs:
+            continue
+        if theirs is None:
+            why = (f"this server demands an API key but its router {router.host_name} at {spec.router_url} runs "
+                   f"without one (its api_key_env = {router.api_key_env!r}): through the router anyone could use it")
+        elif mine is None:
+            why = (f"its router {router.host_name} at {spec.router_url} demands an API key (its api_key_env = "
+                   f"{router.api_key_env!r}) and this server has none to register with")
+        else:
+            why = (f"the key differs from the one of its router {router.host_name} at {spec.router_url} "
+                   f"(its api_key_env = {router.api_key_env!r})")
+        lines.append(f"{spec.host_name}: api_key_env = {spec.api_key_env!r}: {why}: allowed: the same key on a "
+                     "router and its servers")
+    return lines
+
+
 def validate_inventory(inventory: Any) -> dict[str, Spec]:
     """Validate every targeted host (--limit respected) before anything runs.
 
@@ -1773,6 +1884,11 @@ def validate_inventory(inventory: Any) -> dict[str, Spec]:
         if name not in bad:
             bad.append(name)
     lines.extend(group_lines)
+    for line in _router_key_problems(specs):
+        name = line.split(":", 1)[0]
+        if name not in bad:
+            bad.append(name)
+        lines.append(line)
     if lines:
         raise SpecError(lines, header=f"invalid settings for {len(bad)} host(s): {', '.join(bad)}")
     _INVENTORY_SPECS[id(inventory)] = (inventory, specs)

@@ -177,6 +177,8 @@ class FakeRouter:
         self.workers: dict[str, dict] = {}
         self.in_flight = [2, 1, 0]  # what /v1/loads answers, one value per call (the last repeats)
         self.log: list[str] = []
+        self.key: str | None = None  # the key the fake router (and worker) demand, like sglang-router --api-key
+        self.registered_keys: list[str | None] = []  # api_key of each POST /workers body
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -191,8 +193,16 @@ class FakeRouter:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def refuse(self) -> bool:
+                if fake.key and self.path != "/health" and self.headers.get("Authorization") != f"Bearer {fake.key}":
+                    self.reply(401, {"error": "Unauthorized"})
+                    return True
+                return False
+
             def do_GET(self):  # noqa: N802
                 fake.log.append(f"GET {self.path}")
+                if self.refuse():
+                    return None
                 if self.path == "/workers":
                     return self.reply(200, {"workers": list(fake.workers.values()), "total": len(fake.workers)})
                 if self.path == "/v1/loads":
@@ -205,12 +215,17 @@ class FakeRouter:
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.log.append(f"POST {self.path} {body['url']}")
+                if self.refuse():
+                    return None
+                fake.registered_keys.append(body.get("api_key"))
                 wid = f"id{len(fake.log)}"
                 fake.workers[wid] = {"id": wid, "url": body["url"], "is_healthy": True}
                 return self.reply(202, {"status": "accepted", "worker_id": wid})
 
             def do_DELETE(self):  # noqa: N802
                 fake.log.append(f"DELETE {self.path}")
+                if self.refuse():
+                    return None
                 fake.workers.pop(self.path.rsplit("/", 1)[1], None)
                 return self.reply(202, {"status": "accepted"})
 
@@ -260,6 +275,43 @@ def test_router_client_drain_times_out_on_a_busy_server(fake_router):
     assert "still has 3 request(s) after 0 s" in proc.stdout
 
 
+def auth_file(tmp_path, key: str) -> str:
+    path = tmp_path / "sglang.auth"
+    path.write_text(f"Authorization: Bearer {key}\n")
+    return str(path)
+
+
+def test_router_client_keyed_register_and_drain(fake_router, tmp_path):
+    fake_router.key = "sk-fleet"
+    url, auth = fake_router.url, auth_file(tmp_path, "sk-fleet")
+    proc = client("register", "--router", url, "--worker", url, "--auth-file", auth)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert fake_router.registered_keys == ["sk-fleet"]  # the router gives it to the server with each request
+    proc = client("drain", "--router", url, "--worker", url, "--local", url, "--auth-file", auth, "--timeout", "10")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert fake_router.workers == {}
+    assert "sk-fleet" not in proc.stdout + proc.stderr
+
+
+def test_router_client_wrong_key_is_refused_by_name(fake_router, tmp_path):
+    fake_router.key = "sk-router"
+    proc = client("register", "--router", fake_router.url, "--worker", fake_router.url,
+                  "--auth-file", auth_file(tmp_path, "sk-server"))
+    assert proc.returncode == 1
+    assert f"the router at {fake_router.url} refused the API key (401)" in proc.stdout
+    assert "sk-server" not in proc.stdout and "sk-router" not in proc.stdout
+    proc = client("register", "--router", fake_router.url, "--worker", fake_router.url)
+    assert proc.returncode == 1 and "it demands a key and this host has none" in proc.stdout
+
+
+def test_router_client_never_puts_a_keyed_server_behind_an_open_router(fake_router, tmp_path):
+    proc = client("register", "--router", fake_router.url, "--worker", fake_router.url,
+                  "--auth-file", auth_file(tmp_path, "sk-fleet"))
+    assert proc.returncode == 1
+    assert "answers without an API key, and this server demands one" in proc.stdout
+    assert fake_router.workers == {} and not any(line.startswith("POST") for line in fake_router.log)
+
+
 def test_router_client_router_down():
     proc = client("register", "--router", "http://127.0.0.1:9", "--worker", "http://127.0.0.1:10")
     assert proc.returncode == 1 and "does not answer GET /workers" in proc.stdout
@@ -279,7 +331,7 @@ def test_router_unit_and_argv():
     from tasks.spec import build_spec
 
     spec = build_spec("r1", {"role": "router", "router_url": "http://10.0.0.9:30000", "model": "ignored",
-                             "router_extra_args": ["--log-level", "warn"]})
+                             "router_extra_args": ["--log-level", "warn"], "api_key_env": None})
     assert spec.router_argv[:3] == ["/opt/sglang-router/venv/bin/python", "-m", "sglang_router.launch_router"]
     assert spec.router_argv[3:] == ["--host", "0.0.0.0", "--port", "30000", "--policy", "round_robin",
                                     "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000",
@@ -288,3 +340,30 @@ def test_router_unit_and_argv():
     assert "ExecStart=/opt/sglang-router/venv/bin/python -m sglang_router.launch_router --host 0.0.0.0" in unit
     assert "KillMode=control-group" in unit and "WantedBy=multi-user.target" in unit
     assert spec.local_url == "http://127.0.0.1:30000" and spec.unit_path.endswith("/sglang-router.service")
+
+
+def test_keyed_router_unit_runs_the_launcher_and_holds_no_key():
+    from tasks.router import render_router_unit
+    from tasks.spec import ROUTER_LAUNCHER, build_spec
+
+    spec = build_spec("r1", {"role": "router", "router_url": "http://10.0.0.9:30000"},
+                      environ={"SGLANG_API_KEY": "sk-unit-file-test"})
+    unit = render_router_unit(spec)
+    assert (f"ExecStart=/opt/sglang-router/venv/bin/python {ROUTER_LAUNCHER} "
+            "--auth-file /etc/sglang/sglang-router.auth -- --host 0.0.0.0") in unit
+    assert f"# The API key is read by {ROUTER_LAUNCHER} (sha256 " in unit
+    assert "sk-unit-file-test" not in unit
+
+
+def test_router_launcher_reads_the_key_line(tmp_path):
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("router_launch", REPO / "remote" / "router_launch.py")
+    launch = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(launch)
+    path = tmp_path / "r.auth"
+    path.write_text("Authorization: Bearer sk-a:b/c=\n")
+    assert launch.read_key(str(path)) == "sk-a:b/c="
+    path.write_text("X-Other: 1\n")
+    with pytest.raises(SystemExit, match="no 'Authorization: Bearer KEY' line"):
+        launch.read_key(str(path))

@@ -761,7 +761,7 @@ def test_invalid_fleet_settings(ct200_data, changes, expected):
 
 
 def test_router_host_ignores_server_keys(ct200_data):
-    spec = S.build_spec("r1", dict(ct200_data, role="router", router_url=ROUTER, ssh_hostname="10.0.0.9"))
+    spec = S.build_spec("r1", dict(ct200_data, role="router", router_url=ROUTER, ssh_hostname="10.0.0.9"), environ=ENV)
     assert isinstance(spec, S.RouterSpec)
     assert (spec.router_package, spec.router_policy, spec.router_listen_port) == ("sglang-router==0.3.2", "round_robin", 30000)
     assert (spec.router_prometheus_host, spec.router_prometheus_port) == ("127.0.0.1", 29000)
@@ -802,5 +802,84 @@ ROUTER_INVALID = [
 @pytest.mark.parametrize("changes, expected", [c[1:] for c in ROUTER_INVALID], ids=[c[0] for c in ROUTER_INVALID])
 def test_invalid_router_settings(changes, expected):
     with pytest.raises(S.SpecError) as e:
-        S.build_spec("r1", {"role": "router", **changes})
+        S.build_spec("r1", {"role": "router", **changes}, environ=ENV)
     check_message(str(e.value), "r1", expected)
+
+
+# (id, changes, environ, substrings)
+ROUTER_KEY_INVALID = [
+    ("key_unset", {}, {}, ["api_key_env = 'SGLANG_API_KEY'", "SGLANG_API_KEY is not set",
+                           "set api_key_env = None to run the router without a key"]),
+    ("key_is_a_secret", {"api_key_env": KEY}, ENV, ["api_key_env = <hidden>", "NAME of an environment variable"]),
+    ("key_with_space", {}, {"SGLANG_API_KEY": "sk two words"},
+     ["the value of SGLANG_API_KEY holds spaces", "printable ASCII characters without spaces"]),
+    ("key_other_module", {"router_module": "smg.launch"}, ENV,
+     ["router_module = 'smg.launch'", "through our launcher", "or api_key_env = None"]),
+]
+
+
+@pytest.mark.parametrize("changes, environ, expected", [c[1:] for c in ROUTER_KEY_INVALID],
+                         ids=[c[0] for c in ROUTER_KEY_INVALID])
+def test_invalid_router_key(changes, environ, expected):
+    with pytest.raises(S.SpecError) as e:
+        S.build_spec("r1", {"role": "router", "router_url": ROUTER, **changes}, environ=environ)
+    check_message(str(e.value), "r1", expected)
+    assert KEY not in str(e.value)
+
+
+def test_router_key_reaches_the_router_through_a_root_only_file_not_argv():
+    keyed = S.build_spec("r1", {"role": "router", "router_url": ROUTER}, environ=ENV)
+    assert keyed.router_argv[:5] == ["/opt/sglang-router/venv/bin/python", S.ROUTER_LAUNCHER,
+                                     "--auth-file", "/etc/sglang/sglang-router.auth", "--"]
+    assert keyed.router_argv[5:7] == ["--host", "0.0.0.0"]
+    assert KEY not in " ".join(keyed.router_argv)
+    assert keyed.auth_header() == f"Authorization: Bearer {KEY}\n"
+    assert KEY not in repr(keyed)
+    # without a key: the router's own module, no launcher, no file
+    open_router = S.build_spec("r1", {"role": "router", "router_url": ROUTER, "api_key_env": None}, environ={})
+    assert open_router.router_argv[1:3] == ["-m", "sglang_router.launch_router"]
+    assert open_router.auth_header() == ""
+    optional = S.build_spec("r1", {"role": "router", "api_key_required": False}, environ={})
+    assert optional.api_key is None
+
+
+def _router_and_server(ct200_data, router_environ, server_environ, **server_changes):
+    router = S.build_spec("r1", {"role": "router", "router_url": ROUTER, "api_key_required": False},
+                          environ=router_environ)
+    server = S.build_spec("ct200", dict(ct200_data, router_url=ROUTER, worker_url=WORKER, api_key_required=False,
+                                        **server_changes), environ=server_environ)
+    return {"r1": router, "ct200": server}
+
+
+@pytest.mark.parametrize("router_environ, server_environ, expected", [
+    ({}, ENV, "this server demands an API key but its router r1 at http://10.0.0.9:30000 runs without one"),
+    (ENV, {}, "its router r1 at http://10.0.0.9:30000 demands an API key (its api_key_env = 'SGLANG_API_KEY') "
+              "and this server has none"),
+    ({"SGLANG_API_KEY": "sk-other-key"}, ENV, "the key differs from the one of its router r1"),
+], ids=["keyless_router", "keyless_server", "different_keys"])
+def test_a_router_and_its_servers_share_one_key(ct200_data, router_environ, server_environ, expected):
+    lines = S._router_key_problems(_router_and_server(ct200_data, router_environ, server_environ))
+    assert len(lines) == 1
+    check_message(lines[0], "ct200", [expected, "allowed: the same key on a router and its servers"])
+    assert "sk-other-key" not in lines[0]
+
+
+def test_same_key_or_none_on_router_and_servers_is_fine(ct200_data):
+    assert S._router_key_problems(_router_and_server(ct200_data, ENV, ENV)) == []
+    assert S._router_key_problems(_router_and_server(ct200_data, {}, {})) == []
+
+
+def test_validate_inventory_checks_router_and_server_keys(tmp_path, monkeypatch):
+    path = write_sandbox_inventory(tmp_path, f"""
+        routers = [("r1", {{"ssh_hostname": "10.77.10.2", "router_url": "{ROUTER}", "api_key_env": None}})]
+        sandbox = [("sb1", {{"ssh_hostname": "10.77.0.11", "router_url": "{ROUTER}", "worker_url": "{WORKER}"}})]
+    """)
+    monkeypatch.setenv("SGLANG_API_KEY", KEY)
+    with pytest.raises(S.SpecError) as e:
+        S.validate_inventory(load_inventory(path))
+    msg = str(e.value)
+    assert msg.splitlines()[0] == "invalid settings for 1 host(s): sb1"
+    assert "sb1: api_key_env = 'SGLANG_API_KEY': this server demands an API key but its router r1" in msg
+    monkeypatch.delenv("SGLANG_API_KEY")  # the sandbox servers then run without a key, like the router
+    S.clear_cache()
+    assert set(S.validate_inventory(load_inventory(path))) == {"r1", "sb1"}
