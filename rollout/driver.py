@@ -315,8 +315,7 @@ class Driver:
                         except SpecError as err:
                             return [line.split(": ", 1)[-1] for line in err.lines]
                         gpus = host.get_fact(preflight_step.NvidiaGpus)
-                        holder = host.get_fact(preflight_step.PortListener, port=spec.listen_port)
-                        found = preflight_step.preflight_problems(spec, gpus, holder)
+                        found = preflight_step.preflight_problems(spec, gpus, *preflight_step.port_holders(spec))
                         found += driver_problems(spec, gpus)
                         try:
                             disk = model_step.disk_shortfall(spec)

@@ -187,7 +187,23 @@ def resolved_spec(spec):
     return spec.resolve(compute_cap=(used or gpus)[0].compute_cap, p2p_ok=p2p_ok)
 
 
-def preflight_problems(spec, gpus: list[Gpu], holder: PortHolder | None) -> list[str]:
+def rendezvous_port(spec) -> int | None:
+    """Rank 0 of a multi-node group listens on dist_init_addr's port for the
+    other ranks; None on other hosts."""
+    if not spec.is_multinode or spec.node_rank != 0 or not spec.dist_init_addr:
+        return None
+    return int(spec.dist_init_addr.rsplit(":", 1)[1])
+
+
+def port_holders(spec) -> tuple[PortHolder | None, PortHolder | None]:
+    """(who listens on listen_port, who listens on rank 0's rendezvous port)."""
+    holder = host.get_fact(PortListener, port=spec.listen_port)
+    port = rendezvous_port(spec)
+    return holder, (host.get_fact(PortListener, port=port) if port else None)
+
+
+def preflight_problems(spec, gpus: list[Gpu], holder: PortHolder | None,
+                       dist_holder: PortHolder | None = None) -> list[str]:
     """What makes this host unable to serve the spec (empty when it can)."""
     problems = []
     if not gpus:
@@ -216,6 +232,12 @@ def preflight_problems(spec, gpus: list[Gpu], holder: PortHolder | None) -> list
             f"port {spec.listen_port} is held by pid {holder.pid} ({holder.process_name}{owner}), "
             f"not by {spec.unit_name}"
         )
+    if dist_holder is not None and dist_holder.unit != spec.unit_name:
+        owner = f" of {dist_holder.unit}" if dist_holder.unit else ""
+        problems.append(
+            f"port {rendezvous_port(spec)} (dist_init_addr {spec.dist_init_addr}, where the other ranks join "
+            f"rank 0) is held by pid {dist_holder.pid} ({dist_holder.process_name}{owner}), not by {spec.unit_name}"
+        )
     return problems
 
 
@@ -224,15 +246,15 @@ def gpu_host_can_serve(spec):
     """
     Fail before anything changes when the host cannot take the model: missing
     GPUs, too little GPU memory for the model at this TP size, too little disk
-    for the download, the port held by another program.
+    for the download, the port (or rank 0's rendezvous port of a multi-node
+    group) held by another program.
 
     .. code:: python
 
         gpu_host_can_serve(spec=spec)
     """
     gpus = host.get_fact(NvidiaGpus)
-    holder = host.get_fact(PortListener, port=spec.listen_port)
-    problems = preflight_problems(spec, gpus, holder)
+    problems = preflight_problems(spec, gpus, *port_holders(spec))
     disk = model_step.disk_shortfall(spec)
     if disk:
         problems.append(disk)

@@ -88,6 +88,28 @@ def test_preflight_accepts_the_port_held_by_our_own_unit():
     assert commands == []
 
 
+def rank0_spec():
+    return sandbox_spec(nnodes=2, node_rank=0, tp_size=16, dist_init_addr="10.77.20.2:20000")
+
+
+def test_preflight_fails_rank0_when_the_rendezvous_port_is_taken():
+    facts = preflight_facts(gpus())
+    holder = PortHolder(pid=91, process_name="nc", unit="debug.service")
+    facts["preflight.PortListener"] = {"port=30000": None, "port=20000": holder}
+    _host, commands = run(preflight.gpu_host_can_serve, facts, spec=rank0_spec())
+    assert ("port 20000 (dist_init_addr 10.77.20.2:20000, where the other ranks join rank 0) is held by pid 91 "
+            "(nc of debug.service), not by sglang.service") in failure(commands)
+    # held by our own rank 0: it is the running group
+    facts["preflight.PortListener"]["port=20000"] = PortHolder(pid=812, process_name="python", unit="sglang.service")
+    assert run(preflight.gpu_host_can_serve, facts, spec=rank0_spec())[1] == []
+
+
+def test_preflight_checks_the_rendezvous_port_only_on_rank0():
+    rank1 = sandbox_spec(nnodes=2, node_rank=1, tp_size=16, dist_init_addr="10.77.20.2:20000")
+    assert preflight.rendezvous_port(rank1) is None and preflight.rendezvous_port(sandbox_spec()) is None
+    assert preflight.rendezvous_port(rank0_spec()) == 20000
+
+
 # --- model ------------------------------------------------------------------------
 
 def model_kwargs(spec):
