@@ -1,10 +1,15 @@
 """python -m rollout INVENTORY --batch-size N [--canary 1] [--max-failed 0] [--dry] [--limit ...]
+python -m rollout INVENTORY --status [--limit ...]
 
 Rolls deploy.py over the inventory's hosts: router hosts first, then the
 servers in inventory order - the canary batch, then batches of N - each batch
 ready before the next starts; stops at the first batch that fails. Before any
 host changes, every server's preflight (GPUs, driver, disk, port) is gathered
 and every host that cannot take the model is reported (exit 2).
+
+--status changes nothing: per host the unit, whether it serves, the model
+revision on disk, drift (why the next deploy would restart it) and its place
+in the router; exit 1 when any host is not as wanted (rollout/status.py).
 
 Exit status: 0 all ok (or --dry), 1 a batch failed (the rollout stopped),
 2 invalid settings or a failed preflight (nothing changed).
@@ -31,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="failed hosts tolerated before the rollout stops after a batch (default 0)")
     parser.add_argument("--dry", action="store_true", help="print every batch's per-host plan; change nothing")
     parser.add_argument("--diff", action="store_true", help="with --dry: unified diffs of the managed files")
+    parser.add_argument("--status", action="store_true",
+                        help="read-only: each host's unit, serving, model revision, drift and router place")
     parser.add_argument("--limit", action="append", default=[], metavar="PATTERN",
                         help="only these hosts or groups (fnmatch patterns; repeatable)")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
@@ -86,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         deploy_file=args.deploy, preflight=not args.no_preflight,
     )
     try:
+        if args.status:
+            from rollout.status import gather, print_status
+
+            return print_status(gather(driver))
         report = driver.run()
     except SpecError as err:
         print(f"rollout: {err}", file=sys.stderr)

@@ -271,6 +271,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if method == "POST":
                     raise _HTTPError(405, None, "Method not allowed")
                 self._api_models(rec, method, path[len("/api/models/") :], query)
+            elif path == "/get-pip.py" and method in ("GET", "HEAD"):
+                rec.kind = "get-pip"
+                self._get_pip(rec, method)
             elif "/resolve/" in path and method in ("GET", "HEAD"):
                 rec.kind = "resolve"
                 self._resolve(rec, method, path)
@@ -283,6 +286,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             rec.seconds = time.monotonic() - t0
+
+    def _get_pip(self, rec: RequestRecord, method: str) -> None:
+        """The sandbox's stand-in for bootstrap.pypa.io/get-pip.py (sandbox/getpip.py)."""
+        from sandbox import getpip
+
+        wheel = getpip.newest_wheel()
+        if wheel is None:
+            raise _HTTPError(404, None, f"no pip wheel in {getpip.WHEELS} (python -m sandbox up makes one)")
+        body = getpip.script(wheel).encode()
+        rec.status = 200
+        self.send_response(200)
+        self.send_header("Content-Type", "text/x-python")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if method == "GET":
+            self.wfile.write(body)
+            rec.bytes_sent = len(body)
 
     def _check_auth(self, require: bool = False) -> None:
         expected = self.hub.token

@@ -4,6 +4,7 @@ after a canary, a no-op rollout that restarts nothing, and a failing canary
 that stops the rollout with the other hosts untouched."""
 
 import json
+import re
 import time
 import uuid
 
@@ -108,6 +109,40 @@ def test_dry_rollout_plans_every_batch_and_changes_nothing(hosts, rolled, tmp_pa
     rows = summary(proc.out)
     assert {rows[n]["result"] for n in SERVERS} == {"planned"}
     assert {name: started_us(hosts[name]) for name in SERVERS} == before
+
+
+def status_rows(output: str) -> dict[str, list[str]]:
+    """--status table rows: {host: [role, unit, serving, revision, drift, router, error]}."""
+    rows = {}
+    for line in output.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
+        if len(cells) == 8 and re.fullmatch(r"sgc\d+", cells[0]):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_status_shows_the_fleet_and_drift_and_changes_nothing(hosts, rolled, tmp_path):
+    folder, _before, _proc = rolled
+    before = {name: started_us(hosts[name]) for name in SERVERS}
+    proc = rollout("--status", "--group-data", folder)
+    assert proc.returncode == 0, proc.out[-5000:]
+    assert "status: 5/5 host(s) as wanted and serving" in proc.out
+    rows = status_rows(proc.out)
+    assert rows[ROUTER][:3] == ["router", "active", "yes"] and rows[ROUTER][5] == "4/4 healthy"
+    for name in SERVERS:
+        role, unit, serving, revision, drift, router, error = rows[name]
+        assert (role, unit, serving, drift, router, error) == ("server", "active", "yes", "none", "healthy", "")
+        assert len(revision) == 12
+    # settings the servers were not started with: drift, exit 1, and still nothing changes
+    drifted = override(tmp_path, extra_env={**FAST, "SGC_ROLLOUT": "drift-" + uuid.uuid4().hex[:6]})
+    proc = rollout("--status", "--group-data", drifted)
+    assert proc.returncode == 1, proc.out[-5000:]
+    rows = status_rows(proc.out)
+    for name in SERVERS:
+        assert rows[name][4] == "environment file changed", rows[name]
+    assert "not: sgc11, sgc12, sgc13, sgc14" in proc.out
+    assert {name: started_us(hosts[name]) for name in SERVERS} == before
+    assert "Starting operation" not in proc.out
 
 
 def test_failing_canary_stops_the_rollout_and_leaves_the_others_untouched(hosts, rolled, tmp_path):

@@ -375,3 +375,30 @@ def test_several_addresses_share_one_port(model):
             st, _, body = _http(f"{u}/api/models/{REPO}/revision/main")
             assert st == 200 and json.loads(body)["sha"] == model.commit
         assert {r.address for r in hub.requests} == {"127.0.0.1", "127.0.0.2"}
+
+
+# ---------------------------------------------------------------------------
+# /get-pip.py: the stand-in for bootstrap.pypa.io
+
+
+def test_get_pip_stand_in_installs_pip_into_a_venv_without_pip(hub, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from sandbox import getpip, scenario
+
+    wheel = scenario.pip_wheel()  # pip's own wheel (the sandbox cache; fetched from PyPI once)
+    monkeypatch.setattr(getpip, "WHEELS", wheel.parent)
+    with urllib.request.urlopen(hub.url() + "/get-pip.py", timeout=30) as response:
+        text = response.read().decode()
+    assert "stand-in for https://bootstrap.pypa.io/get-pip.py" in text and wheel.name in text
+    script = tmp_path / "get-pip.py"
+    script.write_text(text)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    assert subprocess.run([str(venv / "bin/python"), "-m", "pip", "--version"], capture_output=True).returncode != 0
+    run = subprocess.run([str(venv / "bin/python"), str(script), "--disable-pip-version-check"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    version = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--version"], capture_output=True, text=True)
+    assert version.stdout.startswith("pip " + wheel.name.split("-")[1])
