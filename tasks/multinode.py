@@ -290,7 +290,7 @@ def group_restarted(spec, rendered: Rendered):
     report(f"service: {message}")
     stamp = json.dumps(wanted_stamp(spec, rendered), sort_keys=True)
     yield FunctionCommand(_group_restart, (spec,), {})
-    yield StringCommand("install -d -m 755", STATE_DIR)
+    yield StringCommand("install -d -m 700", STATE_DIR)  # stamps hold digests of secret files: root only
     yield FileUploadCommand(StringIO(stamp + "\n"), stamp_path(spec) + ".tmp")
     yield StringCommand("mv -f", QuoteString(stamp_path(spec) + ".tmp"), QuoteString(stamp_path(spec)))
 

@@ -186,7 +186,7 @@ def router_restarted(unit: str, unit_text: str, venv_path: str, package: str, au
     yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null; true")
     yield StringCommand("systemctl restart", QuoteString(unit))
     yield FunctionCommand(_mark_restarted, (), {})
-    yield StringCommand("install -d -m 755", STATE_DIR)
+    yield StringCommand("install -d -m 700", STATE_DIR)  # stamps hold digests of secret files: root only
     yield FileUploadCommand(StringIO(stamp + "\n"), router_stamp_path(unit) + ".tmp")
     yield StringCommand("mv -f", QuoteString(router_stamp_path(unit) + ".tmp"), QuoteString(router_stamp_path(unit)))
 

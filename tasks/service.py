@@ -345,7 +345,7 @@ def server_restarted(spec, rendered: Rendered):
     stamp = json.dumps(wanted_stamp(spec, rendered), sort_keys=True)
     yield StringCommand("systemctl reset-failed", QuoteString(spec.unit_name), "2>/dev/null; true")
     yield FunctionCommand(_restart, (spec.unit_name,), {})
-    yield StringCommand("install -d -m 755", STATE_DIR)
+    yield StringCommand("install -d -m 700", STATE_DIR)  # stamps hold digests of secret files: root only
     yield FileUploadCommand(StringIO(stamp + "\n"), stamp_path(spec) + ".tmp")
     yield StringCommand("mv -f", QuoteString(stamp_path(spec) + ".tmp"), QuoteString(stamp_path(spec)))
 

@@ -96,6 +96,8 @@ def test_router_key_only_in_a_root_only_file(keyed_fleet):
     hosts, _ = keyed_fleet
     router = hosts[ROUTER]
     assert router.run("stat -c '%a %U' /etc/sglang/sglang-router.auth").stdout.split() == ["600", "root"]
+    # the restart stamps hold digests of the key files: root only
+    assert router.run("stat -c '%a' /var/lib/sglang-converge").stdout.strip() == "700"
     cmdlines = router.run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
     assert "router_launch.py" in cmdlines or "sglang::router" in cmdlines
     assert KEY not in cmdlines
