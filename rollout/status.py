@@ -36,6 +36,11 @@ class HostStatus:
                 and self.router not in ("not listed", "unhealthy", "router down"))
 
 
+def _not_the_unit(reasons: list[str], unit_name: str) -> list[str]:
+    """Restart reasons without "UNIT is inactive": the unit column says it."""
+    return [r for r in reasons if not r.startswith(unit_name)]
+
+
 def _unit_text(unit) -> str:
     if not unit.exists:
         return "not installed"
@@ -63,11 +68,9 @@ def server_status(spec) -> HostStatus:
     marker = host.get_fact(ModelDirState, path=spec.model_dir).marker or {}
     revision = marker.get("revision")
     row.revision = str(revision)[:12] if revision else "not downloaded"
-    row.drift = service.restart_reasons(spec, service.render(spec))
-    if unit.running is False and row.drift:
-        row.drift = [r for r in row.drift if not r.startswith(spec.unit_name)]  # the unit column says it
+    row.drift = _not_the_unit(service.restart_reasons(spec, service.render(spec), unit_state=unit), spec.unit_name)
     if spec.router_url:
-        listed = router.router_workers(spec.router_url, spec.auth_path if spec.api_key else None)
+        listed = host.get_fact(router.RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
         mine = [w for w in listed or [] if w.url == spec.worker_url]
         row.router = ("router down" if listed is None else
                       "not listed" if not mine else "healthy" if any(w.healthy for w in mine) else "unhealthy")
@@ -84,10 +87,10 @@ def router_status(spec) -> HostStatus:
     unit = host.get_fact(router.SystemdUnitState, unit=spec.router_unit_name)
     row.unit = _unit_text(unit)
     row.serving = host.get_fact(HttpStatus, url=spec.local_url + "/liveness") == 200
-    row.drift = router.router_restart_reasons(spec.router_unit_name, router.render_router_unit(spec),
-                                              spec.router_venv_path, spec.router_package, spec.auth_header())
-    row.drift = [r for r in row.drift if not r.startswith(spec.router_unit_name)]
-    listed = router.router_workers(spec.local_url, spec.auth_path if spec.api_key else None)
+    row.drift = _not_the_unit(router.router_restart_reasons(spec.router_unit_name, router.render_router_unit(spec),
+                                                            spec.router_venv_path, spec.router_package,
+                                                            spec.auth_header(), unit_state=unit), spec.router_unit_name)
+    listed = host.get_fact(router.RouterWorkers, router_url=spec.local_url, auth_file=spec.auth_file)
     if listed is not None:
         row.router = f"{sum(w.healthy for w in listed)}/{len(listed)} healthy"
     elif row.serving:

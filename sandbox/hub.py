@@ -294,15 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
         wheel = getpip.newest_wheel()
         if wheel is None:
             raise _HTTPError(404, None, f"no pip wheel in {getpip.WHEELS} (python -m sandbox up makes one)")
-        body = getpip.script(wheel).encode()
-        rec.status = 200
-        self.send_response(200)
-        self.send_header("Content-Type", "text/x-python")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if method == "GET":
-            self.wfile.write(body)
-            rec.bytes_sent = len(body)
+        self._send_body(rec, method, getpip.script(wheel).encode(), "text/x-python")
 
     def _check_auth(self, require: bool = False) -> None:
         expected = self.hub.token
@@ -516,10 +508,12 @@ class _Handler(BaseHTTPRequestHandler):
     # -- responses ---------------------------------------------------------------
 
     def _send_json(self, rec: RequestRecord, method: str, obj) -> None:
-        body = json.dumps(obj).encode()
+        self._send_body(rec, method, json.dumps(obj).encode(), "application/json; charset=utf-8")
+
+    def _send_body(self, rec: RequestRecord, method: str, body: bytes, content_type: str) -> None:
         rec.status = 200
         self.send_response(200)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if method != "HEAD":

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import signal
 import socket

@@ -126,7 +126,7 @@ class GpuP2P(FactBase[P2PMatrix | None]):
 import re  # noqa: E402
 
 from pyinfra import host  # noqa: E402
-from pyinfra.api import QuoteString, StringCommand, deploy, operation  # noqa: E402
+from pyinfra.api import StringCommand, deploy, operation  # noqa: E402
 
 from tasks import model as model_step  # noqa: E402
 from tasks._common import fail_command, gb, plan, report  # noqa: E402

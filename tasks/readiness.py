@@ -17,6 +17,7 @@ from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 
 from tasks._common import _stream, plan
 from tasks.service import RESTARTED_THIS_RUN, SystemdUnitState, render, restart_reasons
+from tasks.spec import local_http_url
 
 WAIT_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "wait_ready.py"
 
@@ -39,10 +40,7 @@ class HttpStatus(FactBase[int]):
 
 
 def local_url(spec) -> str:
-    address = "127.0.0.1" if spec.listen_host in ("0.0.0.0", "::", "") else spec.listen_host
-    if ":" in address:
-        address = f"[{address}]"
-    return f"http://{address}:{spec.listen_port}"
+    return local_http_url(spec.listen_host, spec.listen_port)
 
 
 @operation()

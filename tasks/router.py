@@ -99,10 +99,6 @@ class RouterWorkers(FactBase[list[RouterWorker] | None]):
         ]
 
 
-def router_workers(router_url: str, auth_file: str | None) -> list[RouterWorker] | None:
-    return host.get_fact(RouterWorkers, router_url=router_url, auth_file=auth_file)
-
-
 # --- the router host --------------------------------------------------------------
 
 LAUNCHER_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "router_launch.py"
@@ -136,9 +132,11 @@ def _auth_digest(auth_text: str) -> str | None:
     return sha256(auth_text) if auth_text else None
 
 
-def router_restart_reasons(unit: str, unit_text: str, venv_path: str, package: str, auth_text: str = "") -> list[str]:
-    """Why the router must be (re)started now; empty when it runs as wanted."""
-    state = host.get_fact(SystemdUnitState, unit=unit)
+def router_restart_reasons(unit: str, unit_text: str, venv_path: str, package: str, auth_text: str = "",
+                           unit_state=None) -> list[str]:
+    """Why the router must be (re)started now; empty when it runs as wanted.
+    ``unit_state``: the unit's SystemdUnitState when the caller has it already."""
+    state = unit_state or host.get_fact(SystemdUnitState, unit=unit)
     if not _running(state):
         return [f"{unit} is {state.active_state if state.load_state == 'loaded' else 'not installed'}"]
     text = host.get_fact(FileText, path=router_stamp_path(unit))
@@ -300,7 +298,7 @@ def fleet_workers_registered(router_url: str, worker_urls: list[str], python: st
     if not worker_urls:
         host.noop("no server of the inventory names this router (router_url)")
         return
-    listed = None if host.name in RESTARTED_THIS_RUN else router_workers(router_url, auth_file)
+    listed = None if host.name in RESTARTED_THIS_RUN else host.get_fact(RouterWorkers, router_url=router_url, auth_file=auth_file)
     healthy = {w.url for w in listed or [] if w.healthy}
     missing = [url for url in worker_urls if url not in healthy]
     if not missing:
@@ -310,6 +308,15 @@ def fleet_workers_registered(router_url: str, worker_urls: list[str], python: st
     yield FunctionCommand(_register, (python, router_url, missing, True), {"auth_file": auth_file} if auth_file else {})
 
 
+def auth_file_written(spec) -> None:
+    """The root-only file with the spec's API key as a header line; none without a key."""
+    if spec.api_key is not None:
+        managed_file(dest=spec.auth_path, content=spec.auth_header(), mode="600",
+                     secrets=[spec.api_key.get_secret_value()], name=f"API key file {spec.auth_path} (0600)")
+    else:
+        files.file(path=spec.auth_path, present=False, name=f"no API key file {spec.auth_path}")
+
+
 @deploy("Router")
 def router(spec):
     """SGLang's router: venv, pinned package, unit; restart only on change; ready; its servers registered."""
@@ -317,24 +324,20 @@ def router(spec):
     pip_bootstrapped(path=spec.router_venv_path, get_pip_url=spec.get_pip_url, pip_wheel=spec.pip_wheel,
                      name="pip works in the router's venv")
     packages(path=spec.router_venv_path, requirements=[spec.router_package], name=f"{spec.router_package}")
-    auth_text = spec.auth_header()
-    if auth_text:
-        managed_file(dest=spec.auth_path, content=auth_text, mode="600", secrets=[spec.api_key.get_secret_value()],
-                     name=f"API key file {spec.auth_path} (0600)")
+    auth_file_written(spec)
+    if spec.api_key is not None:
         managed_file(dest=ROUTER_LAUNCHER, content=LAUNCHER_SCRIPT.read_text(), mode="644",
                      name=f"launcher {ROUTER_LAUNCHER} (gives the router its key)")
-    else:
-        files.file(path=spec.auth_path, present=False, name=f"no API key file {spec.auth_path}")
     unit_text = render_router_unit(spec)
     managed_file(dest=spec.unit_path, content=unit_text, mode="644", name=f"unit file {spec.unit_path}")
     unit_installed(unit=spec.router_unit_name, name=f"{spec.router_unit_name} loaded and enabled")
     router_restarted(unit=spec.router_unit_name, unit_text=unit_text, venv_path=spec.router_venv_path,
-                     package=spec.router_package, auth_text=auth_text,
+                     package=spec.router_package, auth_text=spec.auth_header(),
                      name=f"{spec.router_unit_name} running the wanted config")
     router_ready(unit=spec.router_unit_name, url=spec.local_url, timeout_s=spec.router_readiness_timeout_s,
                  name=f"{spec.router_unit_name} ready")
     fleet_workers_registered(router_url=spec.local_url, worker_urls=fleet_worker_urls(spec), python=spec.venv_python,
-                             auth_file=spec.auth_path if auth_text else None, name="servers registered in the router")
+                             auth_file=spec.auth_file, name="servers registered in the router")
 
 
 # --- a server behind a router ------------------------------------------------------
@@ -370,8 +373,7 @@ def worker_drained(spec):
     if not restart_reasons(spec, render(spec)):
         host.noop("no restart planned: stays in the router")
         return
-    auth_file = spec.auth_path if spec.api_key else None
-    listed = router_workers(spec.router_url, auth_file)
+    listed = host.get_fact(RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
     if listed is None:
         host.noop(f"the router at {spec.router_url} does not answer: nothing to drain")
         return
@@ -381,7 +383,7 @@ def worker_drained(spec):
     plan(f"take {spec.worker_url} out of the router at {spec.router_url} and wait until it is idle "
          f"(at most {spec.drain_timeout_s:.0f} s) before the restart")
     yield FunctionCommand(_drain, (spec.venv_python, spec.router_url, spec.worker_url, local_url(spec),
-                                   spec.drain_timeout_s, auth_file), {})
+                                   spec.drain_timeout_s, spec.auth_file), {})
 
 
 @operation()
@@ -397,7 +399,7 @@ def worker_registered(router_url: str, worker_url: str, python: str = "/usr/bin/
 
         worker_registered(router_url="http://10.77.10.2:30000", worker_url="http://10.77.11.2:30000")
     """
-    listed = router_workers(router_url, auth_file)
+    listed = host.get_fact(RouterWorkers, router_url=router_url, auth_file=auth_file)
     if any(w.healthy for w in _mine(worker_url, listed)):
         host.noop(f"{worker_url} is in the router at {router_url}, healthy")
         return
@@ -416,11 +418,7 @@ def drain(spec):
     if spec.router_url is None:
         return
     server_args_accepted(spec=spec, rendered=render(spec), name="SGLang parser accepts the command line (before drain)")
-    if spec.api_key:  # the key for the router's /workers API, as curl and router_client.py read it
-        managed_file(dest=spec.auth_path, content=spec.auth_header(), mode="600",
-                     secrets=[spec.api_key.get_secret_value()], name=f"API key file {spec.auth_path} (0600)")
-    else:
-        files.file(path=spec.auth_path, present=False, name=f"no API key file {spec.auth_path}")
+    auth_file_written(spec)  # the key for the router's /workers API, as curl and router_client.py read it
     worker_drained(spec=spec, name=f"{spec.worker_url} out of the router before a restart")
 
 
@@ -430,5 +428,5 @@ def register(spec):
     if spec.router_url is None:
         return
     worker_registered(router_url=spec.router_url, worker_url=spec.worker_url, python=spec.venv_python,
-                      auth_file=spec.auth_path if spec.api_key else None, name=f"{spec.worker_url} in the router")
+                      auth_file=spec.auth_file, name=f"{spec.worker_url} in the router")
 

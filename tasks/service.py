@@ -98,7 +98,7 @@ import jinja2  # noqa: E402
 from pyinfra import host, logger  # noqa: E402
 from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation  # noqa: E402
 
-from tasks._common import FileText, fail_command, managed_file, plan, report  # noqa: E402
+from tasks._common import FileText, managed_file, plan, report  # noqa: E402
 from tasks.model import ModelDirState  # noqa: E402
 from tasks.python_env import VenvPackages  # noqa: E402
 
@@ -184,14 +184,15 @@ def wanted_stamp(spec, rendered: Rendered) -> dict:
     }
 
 
-def restart_reasons(spec, rendered: Rendered) -> list[str]:
+def restart_reasons(spec, rendered: Rendered, unit_state: UnitState | None = None) -> list[str]:
     """Why the server must be (re)started now; empty when it runs as wanted.
 
     The stamp written at the last restart records what the server was started
     with, so a run that changed files but failed before restarting still
-    restarts the next time.
+    restarts the next time. ``unit_state``: the unit's SystemdUnitState when
+    the caller has it already.
     """
-    unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
+    unit = unit_state or host.get_fact(SystemdUnitState, unit=spec.unit_name)
     text = host.get_fact(FileText, path=stamp_path(spec))
     try:
         started_with = json.loads(text) if text else {}

@@ -1101,7 +1101,45 @@ class RouterSettings(BaseModel):
 ROUTER_KEYS: frozenset[str] = frozenset(RouterSettings.model_fields) - DATA_KEYS
 
 
-class RouterSpec(RouterSettings):
+def local_http_url(listen_host: str, port: int) -> str:
+    """The URL of a server listening on listen_host:port, as its own host reaches it."""
+    address = "127.0.0.1" if listen_host in ("0.0.0.0", "::", "") else listen_host
+    if ":" in address:
+        address = f"[{address}]"
+    return f"http://{address}:{port}"
+
+
+class _UnitFiles:
+    """Paths derived from a spec's ``unit_name`` (servers and routers alike), and
+    its API key as the header line of the root-only auth file. Needs
+    ``unit_name`` and ``api_key`` (not annotated here: pydantic would take
+    them for fields)."""
+
+    @property
+    def unit_stem(self) -> str:
+        return self.unit_name[: -len(".service")]
+
+    @property
+    def unit_path(self) -> str:
+        return f"{SYSTEMD_DIR}/{self.unit_name}"
+
+    @property
+    def auth_path(self) -> str:
+        """Root-only (0600) file with the API key as an HTTP header line, read by
+        curl -H @FILE, remote/router_client.py and (routers) remote/router_launch.py."""
+        return f"{CONFIG_DIR}/{self.unit_stem}.auth"
+
+    @property
+    def auth_file(self) -> str | None:
+        """auth_path when there is a key, else None."""
+        return self.auth_path if self.api_key is not None else None
+
+    def auth_header(self) -> str:
+        """The API key as an HTTP header line ('' without a key)."""
+        return "" if self.api_key is None else f"Authorization: Bearer {self.api_key.get_secret_value()}\n"
+
+
+class RouterSpec(_UnitFiles, RouterSettings):
     """One router host's settings, validated, with the derived values.
 
     .. code:: python
@@ -1127,29 +1165,9 @@ class RouterSpec(RouterSettings):
         return self.router_unit_name
 
     @property
-    def unit_stem(self) -> str:
-        return self.router_unit_name[: -len(".service")]
-
-    @property
-    def unit_path(self) -> str:
-        return f"{SYSTEMD_DIR}/{self.router_unit_name}"
-
-    @property
     def local_url(self) -> str:
         """The router as seen from its own host."""
-        address = "127.0.0.1" if self.router_listen_host in ("0.0.0.0", "::", "") else self.router_listen_host
-        if ":" in address:
-            address = f"[{address}]"
-        return f"http://{address}:{self.router_listen_port}"
-
-    @property
-    def auth_path(self) -> str:
-        """Root-only (0600) file with the router's API key as an HTTP header
-        (read by our launcher, by curl -H @FILE and by remote/router_client.py)."""
-        return f"{CONFIG_DIR}/{self.unit_stem}.auth"
-
-    def auth_header(self) -> str:
-        return _auth_header(self.api_key)
+        return local_http_url(self.router_listen_host, self.router_listen_port)
 
     @property
     def router_argv(self) -> list[str]:
@@ -1212,9 +1230,6 @@ def build_router_spec(host_name: str, data: Mapping[str, Any],
     raise SpecError([f"{host_name}: {line}" for line in problems])
 
 
-def _auth_header(key: SecretStr | None) -> str:
-    """The API key as an HTTP header line ('' without a key)."""
-    return "" if key is None else f"Authorization: Bearer {key.get_secret_value()}\n"
 
 
 _API_KEY_CHARS = re.compile(r"^[\x21-\x7e]+$")
@@ -1244,7 +1259,7 @@ def _secret_from_env(name: str | None, required: bool, environ: Mapping[str, str
 # ---------------------------------------------------------------- the spec
 
 
-class Spec(HostSettings):
+class Spec(_UnitFiles, HostSettings):
     """One host's settings, validated, with every derived value.
 
     Derived (properties): python_bin, unit_stem, options_path, env_path,
@@ -1306,10 +1321,6 @@ class Spec(HostSettings):
         return f"{self.venv_path}/bin/python"
 
     @property
-    def unit_stem(self) -> str:
-        return self.unit_name[: -len(".service")]
-
-    @property
     def options_path(self) -> str:
         """SGLang --config YAML (0600, holds the API key)."""
         return f"{CONFIG_DIR}/{self.unit_stem}.yaml"
@@ -1318,19 +1329,6 @@ class Spec(HostSettings):
     def env_path(self) -> str:
         """The unit's EnvironmentFile (0600)."""
         return f"{CONFIG_DIR}/{self.unit_stem}.env"
-
-    @property
-    def auth_path(self) -> str:
-        """Root-only (0600) file with the API key as an HTTP header, for calls to
-        the router's /workers API (curl -H @FILE, remote/router_client.py)."""
-        return f"{CONFIG_DIR}/{self.unit_stem}.auth"
-
-    def auth_header(self) -> str:
-        return _auth_header(self.api_key)
-
-    @property
-    def unit_path(self) -> str:
-        return f"{SYSTEMD_DIR}/{self.unit_name}"
 
     # -- model
 

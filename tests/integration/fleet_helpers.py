@@ -37,14 +37,7 @@ def fleet(request) -> dict:
 
         request.config.add_cleanup(cleanup)  # end of the session, also after a failure
         booted = sandbox_api.up(indexes=INDEXES)
-        for host in booted:  # sshd answers before the first rollout connects
-            for _ in range(30):
-                try:
-                    if host.run("true", check=False, timeout=10).returncode == 0:
-                        break
-                except subprocess.TimeoutExpired:
-                    pass
-                time.sleep(1)
+        wait_for_ssh(booted)
         _SESSION["hosts"] = {h.name: h for h in booted}
     if not _SESSION["converged"]:
         proc = rollout("--batch-size", "4", "-q", timeout=900)
@@ -53,11 +46,23 @@ def fleet(request) -> dict:
     return _SESSION["hosts"]
 
 
-def rollout(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m rollout inventory/sandbox_fleet.py ARGS`; output in .out."""
+def wait_for_ssh(hosts) -> None:
+    """Until each host's sshd answers (before the first rollout connects)."""
+    for host in hosts:
+        for _ in range(30):
+            try:
+                if host.run("true", check=False, timeout=10).returncode == 0:
+                    break
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(1)
+
+
+def rollout(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m rollout inventory/sandbox_fleet.py ARGS`; output in .out. ``env`` overrides ENV."""
     argv = [sys.executable, "-m", "rollout", "inventory/sandbox_fleet.py", *args]
-    proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **ENV, "COLUMNS": "200"}, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **ENV, "COLUMNS": "200", **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
     proc.out = proc.stdout + proc.stderr  # type: ignore[attr-defined]
     return proc
 

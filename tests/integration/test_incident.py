@@ -11,7 +11,6 @@ an API key reaches the server only through the root-only options file.
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 

@@ -8,16 +8,13 @@ leaves them working together with it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from tests.integration.fleet_helpers import ROOT, summary
+from tests.integration import fleet_helpers
+from tests.integration.fleet_helpers import summary, wait_for_ssh
 
 pytestmark = pytest.mark.sandbox
 
@@ -25,16 +22,11 @@ INDEXES = [22, 23]
 ROUTER, SERVER = "sgc22", "sgc23"
 ROUTER_URL = "http://10.77.22.2:30000"
 KEY = "sk-fleet-key-5e1f0c"
-ENV = {"SGC_FLEET_INDEXES": "22-23", "SGC_FLEET_ROUTER": ROUTER, "PYINFRA_PROGRESS": "off",
-       "SGLANG_API_KEY": KEY, "COLUMNS": "200"}
+ENV = {"SGC_FLEET_INDEXES": "22-23", "SGC_FLEET_ROUTER": ROUTER}
 
 
-def rollout(*args: str, key: str = KEY) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "rollout", "inventory/sandbox_fleet.py", *args]
-    proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **ENV, "SGLANG_API_KEY": key}, capture_output=True,
-                          text=True, timeout=900)
-    proc.out = proc.stdout + proc.stderr  # type: ignore[attr-defined]
-    return proc
+def rollout(*args: str, key: str = KEY):
+    return fleet_helpers.rollout(*args, timeout=900, env={**ENV, "SGLANG_API_KEY": key})
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +39,7 @@ def keyed_fleet(request):
 
     request.addfinalizer(cleanup)
     booted = {h.name: h for h in sandbox_api.up(indexes=INDEXES)}
-    for host in booted.values():
-        for _ in range(30):
-            if host.run("true", check=False, timeout=10).returncode == 0:
-                break
-            time.sleep(1)
+    wait_for_ssh(booted.values())
     first = rollout("--batch-size", "1")
     return booted, first
 

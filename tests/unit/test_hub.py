@@ -307,7 +307,7 @@ def test_resolve_headers_and_ranges(hub, model):
     for path, code in [
         (f"/{REPO}/resolve/{model.commit}/nope.txt", "EntryNotFound"),
         (f"/{REPO}/resolve/{'2' * 40}/config.json", "RevisionNotFound"),
-        (f"/other/repo/resolve/main/config.json", "RepoNotFound"),
+        ("/other/repo/resolve/main/config.json", "RepoNotFound"),
         (f"/api/models/{REPO}/tree/{'3' * 40}", "RevisionNotFound"),
     ]:
         st, h, _ = _http(hub.url() + path, "HEAD")
