@@ -1,0 +1,1 @@
+"""Shared helpers of the steps: paths, rendering, restart stamps, disk and preflight checks, run state."""
