@@ -290,6 +290,7 @@ class Driver:
         import gevent
         from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
+        from facts.gpu import NvidiaGpus
         from tasks import model as model_step
         from tasks import preflight as preflight_step
         from tasks.spec import SpecError, host_spec, validate_inventory
@@ -314,7 +315,7 @@ class Driver:
                             spec = preflight_step.resolved_spec(spec)
                         except SpecError as err:
                             return [line.split(": ", 1)[-1] for line in err.lines]
-                        gpus = host.get_fact(preflight_step.NvidiaGpus)
+                        gpus = host.get_fact(NvidiaGpus)
                         found = preflight_step.preflight_problems(spec, gpus, *preflight_step.port_holders(spec))
                         found += driver_problems(spec, gpus)
                         try:

@@ -52,14 +52,17 @@ def server_status(spec) -> HostStatus:
     """A server's status from its facts (inside pyinfra's host context)."""
     from pyinfra import host
 
-    from tasks import preflight, router, service
-    from tasks.model import ModelDirState
-    from tasks.readiness import HttpStatus, local_url
+    from facts.http import HttpStatus
+    from facts.model_dir import ModelDirState
+    from facts.router import RouterWorkers
+    from facts.systemd import SystemdUnitState
+    from tasks import preflight, service
+    from tasks.readiness import local_url
 
     spec = preflight.resolved_spec(spec)
     rank = getattr(spec, "node_rank", 0)
     row = HostStatus(spec.host_name, "server" if rank == 0 else f"rank {rank}")
-    unit = host.get_fact(service.SystemdUnitState, unit=spec.unit_name)
+    unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
     row.unit = _unit_text(unit)
     if rank == 0:
         row.serving = host.get_fact(HttpStatus, url=local_url(spec) + "/health") == 200
@@ -70,7 +73,7 @@ def server_status(spec) -> HostStatus:
     row.revision = str(revision)[:12] if revision else "not downloaded"
     row.drift = _not_the_unit(service.restart_reasons(spec, service.render(spec), unit_state=unit), spec.unit_name)
     if spec.router_url:
-        listed = host.get_fact(router.RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
+        listed = host.get_fact(RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
         mine = [w for w in listed or [] if w.url == spec.worker_url]
         row.router = ("router down" if listed is None else
                       "not listed" if not mine else "healthy" if any(w.healthy for w in mine) else "unhealthy")
@@ -80,17 +83,19 @@ def server_status(spec) -> HostStatus:
 def router_status(spec) -> HostStatus:
     from pyinfra import host
 
+    from facts.http import HttpStatus
+    from facts.router import RouterWorkers
+    from facts.systemd import SystemdUnitState
     from tasks import router
-    from tasks.readiness import HttpStatus
 
     row = HostStatus(spec.host_name, "router")
-    unit = host.get_fact(router.SystemdUnitState, unit=spec.router_unit_name)
+    unit = host.get_fact(SystemdUnitState, unit=spec.router_unit_name)
     row.unit = _unit_text(unit)
     row.serving = host.get_fact(HttpStatus, url=spec.local_url + "/liveness") == 200
     row.drift = _not_the_unit(router.router_restart_reasons(spec.router_unit_name, router.render_router_unit(spec),
                                                             spec.router_venv_path, spec.router_package,
                                                             spec.auth_header(), unit_state=unit), spec.router_unit_name)
-    listed = host.get_fact(router.RouterWorkers, router_url=spec.local_url, auth_file=spec.auth_file)
+    listed = host.get_fact(RouterWorkers, router_url=spec.local_url, auth_file=spec.auth_file)
     if listed is not None:
         row.router = f"{sum(w.healthy for w in listed)}/{len(listed)} healthy"
     elif row.serving:

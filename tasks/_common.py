@@ -11,9 +11,10 @@ from collections.abc import Iterable
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteString, StringCommand
-from pyinfra.api import operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.context import state
+
+from facts.files import FileDigest, FileText
 
 MASK = "********"
 
@@ -84,48 +85,6 @@ def mask(text: str, secrets: Iterable[str]) -> str:
         if secret:
             text = text.replace(secret, MASK)
     return text
-
-
-class FileDigest(FactBase[dict | None]):
-    """
-    sha256, octal mode and owner of a file, or None when it does not exist.
-
-    .. code:: python
-
-        host.get_fact(FileDigest, path="/etc/sglang/sglang.env")
-        # {"sha256": "...", "mode": "600", "owner": "root"}
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return StringCommand(
-            "set --",
-            QuoteString(path),
-            '; if [ -f "$1" ]; then stat -c "%a %U" "$1" && sha256sum "$1" | cut -d" " -f1;'
-            " else echo absent; fi",
-        )
-
-    def process(self, output) -> dict | None:
-        lines = [line.strip() for line in output if line.strip()]
-        if not lines or lines[0] == "absent":
-            return None
-        mode, owner = lines[0].split()
-        return {"mode": mode, "owner": owner, "sha256": lines[1]}
-
-
-class FileText(FactBase[str | None]):
-    """
-    A text file's content (for diffs), or None when it does not exist.
-
-    .. code:: python
-
-        host.get_fact(FileText, path="/etc/systemd/system/sglang.service")
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return StringCommand("set --", QuoteString(path), '; [ -f "$1" ] && cat "$1" || true')
-
-    def process(self, output) -> str | None:
-        return "\n".join(output) + "\n" if output else None
 
 
 def print_diff(path: str, old: str | None, new: str, secrets: Iterable[str] = ()) -> None:

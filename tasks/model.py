@@ -1,127 +1,31 @@
 """Model: the pinned revision's weights in the model dir, checked and verified.
 
-Fact: ``FreeBytes`` - free bytes on the filesystem that holds a path, measured
-at the nearest existing parent, so it works before the model dir exists.
+Facts: ``FreeBytes`` (facts/files.py) - free bytes on the filesystem that holds
+the model dir, measured at the nearest existing parent, so it works before the
+model dir exists; ``ModelDirState`` (facts/model_dir.py) - the model dir as the
+deploy last left it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from functools import lru_cache
 from io import StringIO
+from pathlib import Path
+from shlex import quote as _shell_quote
 
-from tasks._facts import FactValue
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
+from facts.files import FreeBytes
+from facts.model_dir import ModelDir, ModelDirState
+from tasks._common import fail_command, gb, plan
 
-@dataclass(frozen=True)
-class DiskSpace(FactValue):
-    path: str  # the nearest existing parent that was measured
-    mount: str
-    free_bytes: int
-    total_bytes: int
-
-
-class FreeBytes(FactBase[DiskSpace | None]):
-    """
-    Free bytes where ``path`` is, or would be created.
-
-    .. code:: python
-
-        space = host.get_fact(FreeBytes, path="/srv/models/kimi-k2.6")
-        space.free_bytes
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return StringCommand(
-            "set --",
-            QuoteString(path),
-            '; p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
-            'echo "path: $p"; df -P -B1 "$p" | tail -n 1',
-        )
-
-    def process(self, output) -> DiskSpace | None:
-        path = None
-        for line in output:
-            if line.startswith("path: "):
-                path = line[6:]
-            elif path is not None and line.strip():
-                # Filesystem 1-blocks Used Available Capacity Mounted-on
-                fields = line.split()
-                return DiskSpace(
-                    path=path,
-                    mount=fields[5],
-                    free_bytes=int(fields[3]),
-                    total_bytes=int(fields[1]),
-                )
-        return None
-
-
-# --- the model dir as the deploy last left it ---------------------------------
-
-import json  # noqa: E402
-import time  # noqa: E402
-from functools import lru_cache  # noqa: E402
-from shlex import quote as _shell_quote  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from pyinfra import host, logger  # noqa: E402
-from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation  # noqa: E402
-
-from tasks._common import fail_command, gb, plan  # noqa: E402
-
-MARKER = ".sglang-converge.json"
 FETCH_UNIT = "sglang-model-fetch.service"
 REMOTE_DIR = "/usr/local/lib/sglang-converge"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
 TOKEN_FILE = "/etc/sglang/hf-token"
 LOCAL_FETCH_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "fetch_model.py"
-
-
-@dataclass(frozen=True)
-class ModelDir(FactValue):
-    marker: dict | None  # what the last verified download recorded
-    files: dict[str, int]  # relative path -> size, outside .cache/
-    partial_bytes: int  # bytes in huggingface_hub's *.incomplete files
-
-
-class ModelDirState(FactBase[ModelDir]):
-    """
-    The files in a model dir, its marker, and partial downloads.
-
-    .. code:: python
-
-        state = host.get_fact(ModelDirState, path="/srv/models/kimi-k2.6")
-        state.marker["revision"] if state.marker else None
-    """
-
-    @staticmethod
-    def default() -> ModelDir:
-        return ModelDir(marker=None, files={}, partial_bytes=0)
-
-    def command(self, path: str) -> StringCommand:
-        return StringCommand(
-            "set --",
-            QuoteString(path),
-            '; [ -d "$1" ] || exit 0; cd "$1" || exit 1; '
-            f'[ -f {MARKER} ] && printf "marker: %s\\n" "$(tr -d "\\n" < {MARKER})"; '
-            "find . -path ./.cache -prune -o -type f ! -name '.sglang-converge.json*' -printf 'file: %s %P\\n'; "
-            "find ./.cache -type f -name '*.incomplete' -printf 'partial: %s %P\\n' 2>/dev/null; true",
-        )
-
-    def process(self, output) -> ModelDir:
-        marker, files, partial = None, {}, 0
-        for line in output:
-            if line.startswith("marker: "):
-                try:
-                    marker = json.loads(line[8:])
-                except ValueError:
-                    marker = None
-            elif line.startswith("file: "):
-                size, name = line[6:].split(" ", 1)
-                files[name] = int(size)
-            elif line.startswith("partial: "):
-                partial += int(line[9:].split(" ", 1)[0])
-        return ModelDir(marker=marker, files=files, partial_bytes=partial)
 
 
 @lru_cache(maxsize=None)

@@ -39,13 +39,14 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.context import ctx_host, ctx_state, state
 
+from facts.http import HttpStatus
+from facts.systemd import SystemdUnitState
 from tasks._common import fail_command, plan, preparing, report
-from tasks.readiness import WAIT_SCRIPT, HttpStatus, local_url
+from tasks.readiness import WAIT_SCRIPT, local_url
 from tasks.service import (
     RESTARTED_THIS_RUN,
     STATE_DIR,
     Rendered,
-    SystemdUnitState,
     render,
     restart_reasons,
     stamp_path,

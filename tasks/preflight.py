@@ -1,171 +1,20 @@
 """Preflight: what the host's GPUs are, and whether they can take the model.
 
-Facts: ``NvidiaGpus`` (one ``nvidia-smi --query-gpu`` call) and ``GpuP2P``
-(``nvidia-smi topo -p2p r``). The step fails before anything changes when the
-host has fewer GPUs than the spec uses, or the model does not fit in their
-memory.
+Facts (facts/gpu.py): ``NvidiaGpus`` (one ``nvidia-smi --query-gpu`` call),
+``GpuP2P`` (``nvidia-smi topo -p2p r``) and ``SimulatedGpus``; ``PortListener``
+(facts/ports.py). The step fails before anything changes when the host has
+fewer GPUs than the spec uses, or the model does not fit in their memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pyinfra import host
+from pyinfra.api import deploy, operation
 
-from tasks._facts import FactValue
-from pyinfra.api import FactBase
-
-GPU_QUERY_FIELDS = (
-    "index",
-    "uuid",
-    "name",
-    "memory.total",
-    "memory.used",
-    "compute_cap",
-    "driver_version",
-    "pci.bus_id",
-)
-
-
-@dataclass(frozen=True)
-class Gpu(FactValue):
-    index: int
-    uuid: str
-    name: str
-    memory_total_mib: int
-    memory_used_mib: int
-    compute_cap: str
-    driver_version: str
-    pci_bus_id: str
-
-    @property
-    def memory_free_mib(self) -> int:
-        return self.memory_total_mib - self.memory_used_mib
-
-
-class NvidiaGpus(FactBase[list[Gpu]]):
-    """
-    The host's NVIDIA GPUs, from one ``nvidia-smi --query-gpu`` call.
-
-    .. code:: python
-
-        gpus = host.get_fact(NvidiaGpus)
-        gpus[0].compute_cap  # "12.0"
-    """
-
-    def requires_command(self, *args, **kwargs) -> str:
-        return "nvidia-smi"
-
-    @staticmethod
-    def default() -> list[Gpu]:
-        return []
-
-    def command(self) -> str:
-        return f"nvidia-smi --query-gpu={','.join(GPU_QUERY_FIELDS)} --format=csv,noheader,nounits"
-
-    def process(self, output) -> list[Gpu]:
-        gpus = []
-        for line in output:
-            if not line.strip():
-                continue
-            fields = [field.strip() for field in line.split(",")]
-            if len(fields) != len(GPU_QUERY_FIELDS):
-                raise ValueError(f"unexpected nvidia-smi line: {line!r}")
-            index, uuid, name, total, used, cap, driver, bus = fields
-            gpus.append(Gpu(int(index), uuid, name, int(total), int(used), cap, driver, bus))
-        return gpus
-
-
-@dataclass(frozen=True)
-class P2PMatrix(FactValue):
-    gpus: list[int]
-    # status[i][j] as nvidia-smi prints it: "X" (self), "OK", "NS", "CNS", ...
-    status: list[list[str]]
-
-    @property
-    def all_ok(self) -> bool:
-        return all(cell in ("X", "OK") for row in self.status for cell in row)
-
-
-class GpuP2P(FactBase[P2PMatrix | None]):
-    """
-    The GPUs' peer-to-peer read capability (``nvidia-smi topo -p2p r``).
-
-    ``all_ok`` False means NCCL must not use P2P (``NCCL_P2P_DISABLE=1``).
-
-    .. code:: python
-
-        p2p = host.get_fact(GpuP2P)
-        p2p.all_ok
-    """
-
-    def requires_command(self, *args, **kwargs) -> str:
-        return "nvidia-smi"
-
-    def command(self) -> str:
-        return "nvidia-smi topo -p2p r"
-
-    def process(self, output) -> P2PMatrix | None:
-        gpus: list[int] = []
-        status: list[list[str]] = []
-        for line in output:
-            cells = line.split()
-            if not cells:
-                if status:
-                    break  # the legend follows the matrix
-                continue
-            if all(cell.startswith("GPU") for cell in cells) and not status:
-                gpus = [int(cell[3:]) for cell in cells]
-            elif cells[0].startswith("GPU") and gpus:
-                status.append(cells[1 : len(gpus) + 1])
-        if not gpus:
-            return None
-        return P2PMatrix(gpus=gpus, status=status)
-
-
-# --- the port, and the checks -------------------------------------------------
-
-import re  # noqa: E402
-
-from pyinfra import host  # noqa: E402
-from pyinfra.api import StringCommand, deploy, operation  # noqa: E402
-
-from tasks import model as model_step  # noqa: E402
-from tasks._common import fail_command, gb, plan, report  # noqa: E402
-from tasks.stale_gpu import unit_from_cgroup  # noqa: E402
-
-
-@dataclass(frozen=True)
-class PortHolder(FactValue):
-    pid: int
-    process_name: str
-    unit: str | None
-
-
-class PortListener(FactBase[PortHolder | None]):
-    """
-    The process listening on a TCP port, with its systemd unit; None when free.
-
-    .. code:: python
-
-        holder = host.get_fact(PortListener, port=30000)
-    """
-
-    def command(self, port: int) -> StringCommand:
-        return StringCommand(
-            f"line=$(ss -Hltnp 'sport = :{int(port)}' 2>/dev/null | head -n 1); "
-            '[ -n "$line" ] || exit 0; echo "listen: $line"; '
-            'pid=$(printf "%s" "$line" | sed -n "s/.*pid=\\([0-9]*\\).*/\\1/p"); '
-            '[ -n "$pid" ] && sed "s/^/cgroup: /" "/proc/$pid/cgroup" 2>/dev/null; true'
-        )
-
-    def process(self, output) -> PortHolder | None:
-        listen = next((line for line in output if line.startswith("listen: ")), None)
-        if listen is None:
-            return None
-        match = re.search(r'users:\(\("([^"]*)",pid=(\d+)', listen)
-        cgroup = [line[8:] for line in output if line.startswith("cgroup: ")]
-        if not match:
-            return PortHolder(pid=0, process_name="?", unit=None)
-        return PortHolder(pid=int(match.group(2)), process_name=match.group(1), unit=unit_from_cgroup(cgroup))
+from facts.gpu import Gpu, GpuP2P, NvidiaGpus, SimulatedGpus
+from facts.ports import PortHolder, PortListener
+from tasks import model as model_step
+from tasks._common import fail_command, gb, plan, report
 
 
 def resolved_spec(spec):
@@ -275,22 +124,6 @@ def gpu_host_can_serve(spec):
     plan(summary)
     report(summary)
     host.noop(summary)
-
-
-class SimulatedGpus(FactBase[bool]):
-    """
-    True on sandbox hosts, whose nvidia-smi is the test bed's stand-in.
-
-    .. code:: python
-
-        host.get_fact(SimulatedGpus)
-    """
-
-    def command(self) -> str:
-        return "test -e /etc/sandbox-gpu/SIMULATED && echo yes || echo no"
-
-    def process(self, output) -> bool:
-        return bool(output) and output[0].strip() == "yes"
 
 
 @deploy("Preflight")

@@ -1,132 +1,21 @@
 """Python environment: the venv SGLang runs from, with a working pip.
 
-Facts: ``VenvState`` (exists, python version, pip or not, made by uv or not,
-ensurepip available) and ``VenvPackages`` (installed distributions, read with
-importlib.metadata so it works in a venv without pip).
+Facts (facts/venv.py): ``VenvState`` (exists, python version, pip or not, made
+by uv or not, ensurepip available) and ``VenvPackages`` (installed
+distributions, read with importlib.metadata so it works in a venv without pip).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import os.path
 
-from tasks._facts import FactValue
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
-# Runs with the venv's own python: one process, no pip needed.
-_VENV_STATE_PY = """
-import json, sys, importlib.util, importlib.metadata as md
-try:
-    pip = md.version("pip") if importlib.util.find_spec("pip") else None
-except md.PackageNotFoundError:
-    pip = None
-cfg = {}
-try:
-    for line in open(sys.prefix + "/pyvenv.cfg"):
-        key, sep, value = line.partition("=")
-        if sep:
-            cfg[key.strip()] = value.strip()
-except OSError:
-    pass
-print(json.dumps({
-    "python": "%d.%d.%d" % sys.version_info[:3],
-    "pip": pip,
-    "ensurepip": importlib.util.find_spec("ensurepip") is not None,
-    "uv": cfg.get("uv"),
-    "is_venv": sys.prefix != sys.base_prefix,
-}))
-"""
-
-_VENV_PACKAGES_PY = """
-import json, re, importlib.metadata as md
-out = {}
-for dist in md.distributions():
-    name = dist.metadata["Name"]
-    if name:
-        out[re.sub(r"[-_.]+", "-", name).lower()] = dist.version
-print(json.dumps(out, sort_keys=True))
-"""
-
-
-@dataclass(frozen=True)
-class Venv(FactValue):
-    exists: bool
-    python_version: str | None = None
-    pip_version: str | None = None  # None: the venv has no pip (e.g. made by uv)
-    has_ensurepip: bool = False
-    uv_version: str | None = None  # set when uv made the venv
-
-
-def venv_python(path: str) -> str:
-    return path.rstrip("/") + "/bin/python"
-
-
-def _run_in_venv(path: str, code: str, absent: str) -> StringCommand:
-    python = venv_python(path)
-    return StringCommand(
-        "if [ -x", QuoteString(python), "]; then",
-        QuoteString(python), "-c", QuoteString(code),
-        f"; else echo {absent}; fi",
-    )
-
-
-class VenvState(FactBase[Venv]):
-    """
-    State of the venv at ``path``.
-
-    .. code:: python
-
-        venv = host.get_fact(VenvState, path="/opt/sglang/venv")
-        venv.exists and venv.pip_version is None  # a uv venv: pip must be bootstrapped
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return _run_in_venv(path, _VENV_STATE_PY, "absent")
-
-    def process(self, output) -> Venv:
-        text = "\n".join(output).strip()
-        if text == "absent" or not text:
-            return Venv(exists=False)
-        state = json.loads(text.splitlines()[-1])
-        return Venv(
-            exists=True,
-            python_version=state["python"],
-            pip_version=state["pip"],
-            has_ensurepip=state["ensurepip"],
-            uv_version=state["uv"],
-        )
-
-
-class VenvPackages(FactBase[dict[str, str]]):
-    """
-    Installed distributions of the venv at ``path``: normalized name -> version.
-
-    Read with importlib.metadata, so it works in a venv that has no pip.
-    Empty when the venv does not exist.
-
-    .. code:: python
-
-        host.get_fact(VenvPackages, path="/opt/sglang/venv").get("compressed-tensors")
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return _run_in_venv(path, _VENV_PACKAGES_PY, "{}")
-
-    def process(self, output) -> dict[str, str]:
-        text = "\n".join(output).strip()
-        return json.loads(text.splitlines()[-1]) if text else {}
-
-
-# --- operations -------------------------------------------------------------
-
-import os.path  # noqa: E402
-
-from packaging.requirements import Requirement  # noqa: E402
-from packaging.utils import canonicalize_name  # noqa: E402
-from pyinfra import host  # noqa: E402
-from pyinfra.api import FileUploadCommand, deploy, operation  # noqa: E402
-
-from tasks._common import plan  # noqa: E402
+from facts.venv import VenvPackages, VenvState, venv_python
+from tasks._common import plan
 
 BOOTSTRAP_DIR = "/var/cache/sglang-converge"
 

@@ -22,125 +22,16 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pyinfra import host, logger
-from tasks._facts import FactValue
-from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
+from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormats
+from facts.model_dir import ModelConfig
+from facts.venv import ExactPins, VenvPackages, venv_python
 from tasks._common import fail_command, plan
-from tasks.python_env import VenvPackages, venv_python
 from tasks.spec import COMPRESSED_TENSORS_FORMATS
 
 CACHE_DIR = "/var/cache/sglang-converge"
 PACKAGE = "compressed-tensors"
-
-# One python run in the venv; the member list is cached per installed version,
-# because importing compressed_tensors (and torch) takes seconds.
-_FORMATS_PY = """
-import importlib.metadata as md, json, os, sys
-try:
-    version = md.version("compressed-tensors")
-except md.PackageNotFoundError:
-    print(json.dumps({"version": None, "members": []})); sys.exit(0)
-cache = "%s/ct-formats-%%s-%%s.json" %% (sys.prefix.strip("/").replace("/", "_"), version)
-if os.path.exists(cache):
-    print(open(cache).read()); sys.exit(0)
-from compressed_tensors.config import CompressionFormat
-out = json.dumps({"version": version, "members": sorted(member.name for member in CompressionFormat)})
-os.makedirs(os.path.dirname(cache), exist_ok=True)
-with open(cache + ".tmp", "w") as handle:
-    handle.write(out)
-os.replace(cache + ".tmp", cache)
-print(out)
-""" % CACHE_DIR
-
-_REQUIRERS_PY = """
-import importlib.metadata as md, json, re
-out = {}
-for dist in md.distributions():
-    for req in dist.requires or []:
-        if re.match(r"compressed[-_.]tensors\\b", req, re.I) and "extra ==" not in req:
-            out.setdefault(dist.metadata["Name"], []).append(req)
-print(json.dumps(out, sort_keys=True))
-"""
-
-
-_EXACT_PINS_PY = """
-import importlib.metadata as md, json, re, sys
-wanted = {re.sub(r"[-_.]+", "-", name).lower() for name in sys.argv[1:]}
-out = {}
-for dist in md.distributions():
-    name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
-    if name in wanted:
-        out[name] = [req for req in dist.requires or [] if "==" in req and ";" not in req]
-print(json.dumps(out, sort_keys=True))
-"""
-
-
-@dataclass(frozen=True)
-class CompressedTensors(FactValue):
-    version: str | None
-    members: list[str]  # CompressionFormat member names, e.g. "nvfp4_pack_quantized"
-
-
-def _venv_python_command(path: str, code: str, absent: str) -> StringCommand:
-    python = venv_python(path)
-    return StringCommand("if [ -x", QuoteString(python), "]; then", QuoteString(python), "-c",
-                         QuoteString(code), f"; else echo '{absent}'; fi")
-
-
-class CompressionFormats(FactBase[CompressedTensors]):
-    """
-    The venv's compressed-tensors version and its CompressionFormat members,
-    imported with the venv's own python.
-
-    .. code:: python
-
-        ct = host.get_fact(CompressionFormats, path="/opt/sglang/venv")
-        "nvfp4_pack_quantized" in ct.members
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return _venv_python_command(path, _FORMATS_PY, '{"version": null, "members": []}')
-
-    def process(self, output) -> CompressedTensors:
-        data = json.loads([line for line in output if line.strip()][-1])
-        return CompressedTensors(version=data["version"], members=list(data["members"]))
-
-
-class CompressedTensorsRequirers(FactBase[dict[str, list[str]]]):
-    """
-    Installed distributions that require compressed-tensors, with their requirement strings.
-
-    .. code:: python
-
-        host.get_fact(CompressedTensorsRequirers, path="/opt/sglang/venv")
-        # {"vllm": ["compressed-tensors==0.8.1"]}
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return _venv_python_command(path, _REQUIRERS_PY, "{}")
-
-    def process(self, output) -> dict[str, list[str]]:
-        return json.loads([line for line in output if line.strip()][-1])
-
-
-class ExactPins(FactBase[dict[str, list[str]]]):
-    """
-    The exact (==) requirements, without markers, of some installed distributions.
-
-    .. code:: python
-
-        host.get_fact(ExactPins, path="/opt/sglang/venv", packages=["sglang"])
-        # {"sglang": ["transformers==5.19.0", "compressed-tensors==0.18.0", ...]}
-    """
-
-    def command(self, path: str, packages: list[str]) -> StringCommand:
-        python = venv_python(path)
-        return StringCommand("if [ -x", QuoteString(python), "]; then", QuoteString(python), "-c",
-                             QuoteString(_EXACT_PINS_PY), *[QuoteString(name) for name in packages],
-                             "; else echo '{}'; fi")
-
-    def process(self, output) -> dict[str, list[str]]:
-        return json.loads([line for line in output if line.strip()][-1])
 
 
 def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit: list[str] = ()) -> list[str]:
@@ -170,23 +61,6 @@ def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit:
             pinned.add(name)
             lines.append(f"{requirement.name}{requirement.specifier}")
     return lines
-
-
-class ModelConfig(FactBase[dict | None]):
-    """
-    The model's config.json on the host, or None before it is downloaded.
-
-    .. code:: python
-
-        host.get_fact(ModelConfig, path="/srv/models/kimi-k2.6")["quantization_config"]
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return StringCommand("set --", QuoteString(path), '; [ -f "$1/config.json" ] && cat "$1/config.json" || true')
-
-    def process(self, output) -> dict | None:
-        text = "\n".join(output).strip()
-        return json.loads(text) if text else None
 
 
 @lru_cache(maxsize=None)

@@ -13,30 +13,15 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, FunctionCommand, deploy, operation
+from pyinfra.api import FunctionCommand, deploy, operation
 
+from facts.http import HttpStatus
+from facts.systemd import SystemdUnitState
 from tasks._common import _stream, plan
-from tasks.service import RESTARTED_THIS_RUN, SystemdUnitState, render, restart_reasons
+from tasks.service import RESTARTED_THIS_RUN, render, restart_reasons
 from tasks.spec import local_http_url
 
 WAIT_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "wait_ready.py"
-
-
-class HttpStatus(FactBase[int]):
-    """
-    HTTP status of a GET on the host itself (0 when nothing answers).
-
-    .. code:: python
-
-        host.get_fact(HttpStatus, url="http://127.0.0.1:30000/health")  # 200, 503 while loading
-    """
-
-    def command(self, url: str) -> str:
-        return f"curl -s -m 3 -o /dev/null -w '%{{http_code}}' {shlex.quote(url)} || true"
-
-    def process(self, output) -> int:
-        text = "".join(output).strip()
-        return int(text) if text.isdigit() else 0
 
 
 def local_url(spec) -> str:

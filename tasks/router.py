@@ -13,29 +13,31 @@ back once ready (POST, then wait until the router reports it healthy). The
 router's own deploy puts back every ready server of the inventory that names
 it (after a router restart the list is empty).
 
-Facts: ``RouterWorkers`` (GET /workers, asked from the host).
+Facts: ``RouterWorkers`` (facts/router.py: GET /workers, asked from the host).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, inventory
-from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import files
 
-from tasks._common import FileText, _stream, fail_command, managed_file, plan, preparing, report
-from tasks._facts import FactValue
-from tasks.python_env import VenvPackages, packages, pip_bootstrapped, venv
-from tasks.readiness import HttpStatus, local_url
+from facts.files import FileText
+from facts.http import HttpStatus
+from facts.router import RouterWorker, RouterWorkers
+from facts.systemd import SystemdUnitState
+from facts.venv import VenvPackages
+from tasks._common import _stream, fail_command, managed_file, plan, preparing, report
+from tasks.python_env import packages, pip_bootstrapped, venv
+from tasks.readiness import local_url
 from tasks.service import (
     RESTARTED_THIS_RUN,
     STATE_DIR,
-    SystemdUnitState,
     _jinja,
     render,
     restart_reasons,
@@ -48,55 +50,6 @@ from tasks.spec import ROUTER_LAUNCHER, SpecError, host_spec
 
 CLIENT_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "router_client.py"
 REGISTER_TIMEOUT_S = 60
-
-
-# --- facts ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RouterWorker(FactValue):
-    id: str
-    url: str
-    healthy: bool
-    load: int = 0
-
-
-class RouterWorkers(FactBase[list[RouterWorker] | None]):
-    """
-    The workers a router lists (GET /workers), asked from the host (None when
-    the router does not answer).
-
-    .. code:: python
-
-        workers = host.get_fact(RouterWorkers, router_url="http://10.77.10.2:30000",
-                                auth_file="/etc/sglang/sglang.auth")  # auth_file: a keyed router
-        [w.url for w in workers or [] if w.healthy]
-    """
-
-    def command(self, router_url: str, auth_file: str | None = None) -> StringCommand:
-        # A keyed router wants the key: curl reads the header line from the root-only file.
-        auth = ["-H", QuoteString("@" + auth_file)] if auth_file else []
-        return StringCommand(
-            "curl -s -f -m 5", *auth, QuoteString(router_url.rstrip("/") + "/workers"), "|| echo unreachable"
-        )
-
-    def process(self, output) -> list[RouterWorker] | None:
-        text = "\n".join(output).strip()
-        if not text.startswith("{"):
-            return None
-        try:
-            body = json.loads(text)
-        except ValueError:
-            return None
-        return [
-            RouterWorker(
-                id=str(w.get("id", "")),
-                url=str(w.get("url", "")).rstrip("/"),
-                healthy=bool(w.get("is_healthy")),
-                load=int(w.get("load") or 0),
-            )
-            for w in body.get("workers") or []
-        ]
 
 
 # --- the router host --------------------------------------------------------------

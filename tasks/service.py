@@ -1,106 +1,28 @@
 """Service: the SGLang systemd unit, its environment and options files.
 
-Fact: ``SystemdUnitState`` - what systemd says of one unit (loaded, active,
-main PID, restarts, enabled), from one ``systemctl show``.
+Fact: ``SystemdUnitState`` (facts/systemd.py) - what systemd says of one unit
+(loaded, active, main PID, restarts, enabled), from one ``systemctl show``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import shlex
 from dataclasses import dataclass
+from io import StringIO
+from pathlib import Path
 
-from tasks._facts import FactValue
-from pyinfra.api import FactBase, QuoteString, StringCommand
+import jinja2
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
-_UNIT_PROPERTIES = (
-    "LoadState",
-    "ActiveState",
-    "SubState",
-    "MainPID",
-    "UnitFileState",
-    "FragmentPath",
-    "NRestarts",
-    "InvocationID",
-    "ExecMainStartTimestampMonotonic",
-    "NeedDaemonReload",
-)
-
-
-@dataclass(frozen=True)
-class UnitState(FactValue):
-    load_state: str  # "loaded" or "not-found"
-    active_state: str  # "active", "activating", "failed", "inactive", ...
-    sub_state: str
-    main_pid: int
-    unit_file_state: str  # "enabled", "disabled", "" when not found
-    fragment_path: str
-    restarts: int
-    invocation_id: str
-    started_monotonic_us: int
-    need_daemon_reload: bool = False
-
-    @property
-    def exists(self) -> bool:
-        return self.load_state == "loaded"
-
-    @property
-    def running(self) -> bool:
-        return self.active_state in ("active", "activating", "reloading")
-
-
-class SystemdUnitState(FactBase[UnitState]):
-    """
-    State of one systemd unit.
-
-    .. code:: python
-
-        state = host.get_fact(SystemdUnitState, unit="sglang.service")
-        state.active_state, state.main_pid
-    """
-
-    def requires_command(self, *args, **kwargs) -> str:
-        return "systemctl"
-
-    def command(self, unit: str) -> StringCommand:
-        return StringCommand(
-            "systemctl show", QuoteString(unit), f"--property={','.join(_UNIT_PROPERTIES)}"
-        )
-
-    def process(self, output) -> UnitState:
-        props = {}
-        for line in output:
-            key, sep, value = line.partition("=")
-            if sep:
-                props[key] = value
-        return UnitState(
-            load_state=props.get("LoadState", "not-found"),
-            active_state=props.get("ActiveState", "inactive"),
-            sub_state=props.get("SubState", "dead"),
-            main_pid=int(props.get("MainPID") or 0),
-            unit_file_state=props.get("UnitFileState", ""),
-            fragment_path=props.get("FragmentPath", ""),
-            restarts=int(props.get("NRestarts") or 0),
-            invocation_id=props.get("InvocationID", ""),
-            started_monotonic_us=int(props.get("ExecMainStartTimestampMonotonic") or 0),
-            need_daemon_reload=props.get("NeedDaemonReload") == "yes",
-        )
-
-
-# --- rendering ----------------------------------------------------------------
-
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import shlex  # noqa: E402
-from io import StringIO  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import jinja2  # noqa: E402
-from pyinfra import host, logger  # noqa: E402
-from pyinfra.api import FileUploadCommand, FunctionCommand, deploy, operation  # noqa: E402
-
-from tasks._common import FileText, managed_file, plan, report  # noqa: E402
-from tasks.model import ModelDirState  # noqa: E402
-from tasks.python_env import VenvPackages  # noqa: E402
+from facts.files import FileText
+from facts.model_dir import ModelDirState
+from facts.systemd import SystemdUnitState, UnitState
+from facts.venv import VenvPackages
+from tasks._common import managed_file, plan, report
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 STATE_DIR = "/var/lib/sglang-converge"

@@ -1,106 +1,21 @@
 """Stale GPU processes: compute processes on our GPUs that are not our server.
 
-Fact: ``GpuComputeProcesses`` - every compute process on every GPU with the
-systemd unit that owns it (from /proc/PID/cgroup), because a process of
-another unit must be stopped through systemd: a plain kill is undone by
-``Restart=always``.
+Fact: ``GpuComputeProcesses`` (facts/gpu.py) - every compute process on every
+GPU with the systemd unit that owns it (from /proc/PID/cgroup), because a
+process of another unit must be stopped through systemd: a plain kill is
+undone by ``Restart=always``.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+import os.path
+import time
 
-from tasks._facts import FactValue
-from pyinfra.api import FactBase
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-_UNIT_RE = re.compile(r"[^/]+\.(?:service|scope)$")
-
-
-@dataclass(frozen=True)
-class GpuProcess(FactValue):
-    pid: int
-    process_name: str
-    used_mib: int
-    gpu_uuid: str
-    # innermost systemd unit of the process ("foo.service", "session-3.scope"), or None
-    unit: str | None
-
-
-def unit_from_cgroup(lines: list[str]) -> str | None:
-    """The innermost .service/.scope of a /proc/PID/cgroup listing.
-
-    The unified (``0::``) line wins; on hybrid hosts the ``name=systemd`` one.
-    """
-    paths = {}
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            paths[parts[1]] = parts[2]
-    for key in ("", "name=systemd"):
-        path = paths.get(key)
-        if not path or path == "/":
-            continue
-        units = [part for part in path.split("/") if _UNIT_RE.match(part)]
-        if units:
-            return units[-1]
-    return None
-
-
-class GpuComputeProcesses(FactBase[list[GpuProcess]]):
-    """
-    Compute processes on the host's GPUs, each with its owning systemd unit.
-
-    One line per process per GPU, as ``nvidia-smi --query-compute-apps`` gives.
-
-    .. code:: python
-
-        for process in host.get_fact(GpuComputeProcesses):
-            print(process.pid, process.unit, process.used_mib)
-    """
-
-    def requires_command(self, *args, **kwargs) -> str:
-        return "nvidia-smi"
-
-    @staticmethod
-    def default() -> list[GpuProcess]:
-        return []
-
-    def command(self) -> str:
-        return (
-            "apps=$(nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid,process_name"
-            " --format=csv,noheader,nounits) || exit 1; "
-            'printf "%s\\n" "$apps" | grep . | sed "s/^/app: /"; '
-            'for pid in $(printf "%s\\n" "$apps" | cut -d, -f1 | sort -u); do '
-            'sed "s|^|cgroup: $pid |" "/proc/$pid/cgroup" 2>/dev/null; done; true'
-        )
-
-    def process(self, output) -> list[GpuProcess]:
-        apps = []
-        cgroups: dict[int, list[str]] = {}
-        for line in output:
-            if line.startswith("app: "):
-                fields = [field.strip() for field in line[5:].split(",", 3)]
-                pid, used, uuid, name = fields
-                apps.append((int(pid), name, int(used), uuid))
-            elif line.startswith("cgroup: "):
-                pid, cgroup_line = line[8:].split(" ", 1)
-                cgroups.setdefault(int(pid), []).append(cgroup_line)
-        return [
-            GpuProcess(pid, name, used, uuid, unit_from_cgroup(cgroups.get(pid, [])))
-            for pid, name, used, uuid in apps
-        ]
-
-
-# --- operations -------------------------------------------------------------
-
-import os.path  # noqa: E402
-import time  # noqa: E402
-
-from pyinfra import host, logger  # noqa: E402
-from pyinfra.api import FunctionCommand, StringCommand, deploy, operation  # noqa: E402
-
-from tasks._common import fail_command, plan  # noqa: E402
+from facts.gpu import GpuComputeProcesses, GpuProcess, NvidiaGpus
+from tasks._common import fail_command, plan
 
 MIB = 1024 * 1024
 
@@ -193,8 +108,6 @@ def stale_gpu_processes_stopped(
         stale_gpu_processes_stopped(gpu_ids=[0, 1], own_unit="sglang.service",
                                     protect_units=["nvidia-persistenced.service"])
     """
-    from tasks.preflight import NvidiaGpus  # preflight imports this module
-
     gpus = host.get_fact(NvidiaGpus)
     uuid_to_index = {gpu.uuid: gpu.index for gpu in gpus}
     stale = stale_processes(host.get_fact(GpuComputeProcesses), uuid_to_index, gpu_ids, own_unit)

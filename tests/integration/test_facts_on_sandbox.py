@@ -23,41 +23,41 @@ def test_every_fact_over_ssh(host):
     try:
         got = facts(
             host.name,
-            "tasks.preflight.NvidiaGpus",
-            "tasks.preflight.GpuP2P",
-            "tasks.preflight.SimulatedGpus",
-            "tasks.stale_gpu.GpuComputeProcesses",
-            "tasks.model.FreeBytes", "path=/srv/not/yet/there",
+            "facts.gpu.NvidiaGpus",
+            "facts.gpu.GpuP2P",
+            "facts.gpu.SimulatedGpus",
+            "facts.gpu.GpuComputeProcesses",
+            "facts.files.FreeBytes", "path=/srv/not/yet/there",
         )
-        gpus = got["tasks.preflight.NvidiaGpus"]
+        gpus = got["facts.gpu.NvidiaGpus"]
         assert [gpu["index"] for gpu in gpus] == list(range(8))
         assert {gpu["compute_cap"] for gpu in gpus} == {"12.0"}
         assert gpus[3]["memory_used_mib"] == 2048 and gpus[2]["memory_used_mib"] == 0
-        p2p = got["tasks.preflight.GpuP2P"]
+        p2p = got["facts.gpu.GpuP2P"]
         assert p2p["gpus"] == list(range(8)) and p2p["status"][0][1] == "OK" and p2p["status"][1][1] == "X"
-        assert got["tasks.preflight.SimulatedGpus"] is True
-        held = got["tasks.stale_gpu.GpuComputeProcesses"]
+        assert got["facts.gpu.SimulatedGpus"] is True
+        held = got["facts.gpu.GpuComputeProcesses"]
         assert [(p["pid"], p["used_mib"], p["unit"]) for p in held] == [(pid, 2048, "facts-holder.service")]
         assert held[0]["gpu_uuid"] == gpus[3]["uuid"]
-        space = got["tasks.model.FreeBytes"]
+        space = got["facts.files.FreeBytes"]
         assert space["path"] == "/srv" and space["free_bytes"] > 0 and space["total_bytes"] >= space["free_bytes"]
 
         venvs = facts(
             host.name,
-            "tasks.python_env.VenvState", "path=/opt/facts-nopip",
-        )["tasks.python_env.VenvState"]
+            "facts.venv.VenvState", "path=/opt/facts-nopip",
+        )["facts.venv.VenvState"]
         assert venvs["exists"] and venvs["pip_version"] is None and venvs["python_version"].startswith("3.11")
-        with_pip = facts(host.name, "tasks.python_env.VenvState", "path=/opt/facts-pip")["tasks.python_env.VenvState"]
+        with_pip = facts(host.name, "facts.venv.VenvState", "path=/opt/facts-pip")["facts.venv.VenvState"]
         assert with_pip["pip_version"] and with_pip["has_ensurepip"] is True
-        absent = facts(host.name, "tasks.python_env.VenvState", "path=/opt/none")["tasks.python_env.VenvState"]
+        absent = facts(host.name, "facts.venv.VenvState", "path=/opt/none")["facts.venv.VenvState"]
         assert absent["exists"] is False
-        packages = facts(host.name, "tasks.python_env.VenvPackages", "path=/opt/facts-pip")["tasks.python_env.VenvPackages"]
+        packages = facts(host.name, "facts.venv.VenvPackages", "path=/opt/facts-pip")["facts.venv.VenvPackages"]
         assert packages["pip"] == with_pip["pip_version"]
-        unit = facts(host.name, "tasks.service.SystemdUnitState", "unit=facts-holder.service")["tasks.service.SystemdUnitState"]
+        unit = facts(host.name, "facts.systemd.SystemdUnitState", "unit=facts-holder.service")["facts.systemd.SystemdUnitState"]
         assert unit["active_state"] == "active" and unit["main_pid"] == pid and unit["load_state"] == "loaded"
-        missing = facts(host.name, "tasks.service.SystemdUnitState", "unit=nope.service")["tasks.service.SystemdUnitState"]
+        missing = facts(host.name, "facts.systemd.SystemdUnitState", "unit=nope.service")["facts.systemd.SystemdUnitState"]
         assert missing["load_state"] == "not-found"
-        port = facts(host.name, "tasks.preflight.PortListener", "port=22")["tasks.preflight.PortListener"]
+        port = facts(host.name, "facts.ports.PortListener", "port=22")["facts.ports.PortListener"]
         assert port["process_name"] == "sshd" and port["unit"] == "ssh.service"
     finally:
         stale.stop_stale(host, unit="facts-holder.service")

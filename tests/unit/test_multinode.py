@@ -22,10 +22,11 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState as TestingState
 from pyinfra_testing.util import create_host
 
+from facts.model_dir import ModelDir
+from facts.systemd import UnitState
 from tasks import multinode as M
 from tasks import service
 from tasks import spec as S
-from tasks.model import ModelDir
 
 REPO = Path(__file__).resolve().parents[2]
 LABEL = "tp16"
@@ -358,14 +359,14 @@ def group_spec(name: str):
 
 
 def rank_facts(spec, stamp: str | None, sub_state="running", restarts=0, health=200):
-    unit = service.UnitState(load_state="loaded", active_state="active", sub_state=sub_state, main_pid=812,
-                             unit_file_state="enabled", fragment_path=spec.unit_path, restarts=restarts,
-                             invocation_id="x", started_monotonic_us=1)
-    return {"service.SystemdUnitState": {f"unit={spec.unit_name}": unit},
-            "_common.FileText": {f"path={service.stamp_path(spec)}": stamp},
-            "python_env.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
-            "model.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)},
-            "readiness.HttpStatus": {"url=http://127.0.0.1:30000/health": health}}
+    unit = UnitState(load_state="loaded", active_state="active", sub_state=sub_state, main_pid=812,
+                     unit_file_state="enabled", fragment_path=spec.unit_path, restarts=restarts,
+                     invocation_id="x", started_monotonic_us=1)
+    return {"systemd.SystemdUnitState": {f"unit={spec.unit_name}": unit},
+            "files.FileText": {f"path={service.stamp_path(spec)}": stamp},
+            "venv.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
+            "model_dir.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)},
+            "http.HttpStatus": {"url=http://127.0.0.1:30000/health": health}}
 
 
 def stamp(spec) -> str:

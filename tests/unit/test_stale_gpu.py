@@ -7,8 +7,8 @@ from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from tasks.preflight import Gpu
-from tasks.stale_gpu import GpuProcess, stale_gpu_processes_stopped
+from facts.gpu import Gpu, GpuProcess
+from tasks.stale_gpu import stale_gpu_processes_stopped
 
 GPUS = [Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000", 97887, 0, "12.0", "580.95.05", f"0:{i}") for i in range(4)]
 EMBEDDER = GpuProcess(4242, "/usr/bin/python3", 56320, "GPU-0", "embedder.service")
@@ -19,7 +19,7 @@ ELSEWHERE = GpuProcess(6000, "python3", 1024, "GPU-3", None)  # on a GPU we do n
 
 def run_op(processes, **kwargs):
     state = FakeState()
-    host = create_host(state, facts={"preflight.NvidiaGpus": GPUS, "stale_gpu.GpuComputeProcesses": processes})
+    host = create_host(state, facts={"gpu.NvidiaGpus": GPUS, "gpu.GpuComputeProcesses": processes})
     with ctx_state.use(state), ctx_host.use(host):
         commands = list(stale_gpu_processes_stopped._inner(gpu_ids=[0, 1, 2], own_unit="sglang.service", **kwargs))
     return host, commands

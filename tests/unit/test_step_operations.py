@@ -12,9 +12,11 @@ from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
+from facts.gpu import Gpu
+from facts.model_dir import ModelDir
+from facts.ports import PortHolder
+from facts.systemd import UnitState
 from tasks import model, preflight, quant_deps, service
-from tasks.model import ModelDir
-from tasks.preflight import Gpu, PortHolder
 from tasks.spec import build_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +63,8 @@ EMPTY_DIR = {"path=/srv/models/tiny": ModelDir(marker=None, files={}, partial_by
 # --- preflight ------------------------------------------------------------------
 
 def preflight_facts(gpu_list, holder=None, free=10**9):
-    return {"preflight.NvidiaGpus": gpu_list, "preflight.PortListener": {"port=30000": holder},
-            "preflight.SimulatedGpus": True, "model.ModelDirState": EMPTY_DIR, "model.FreeBytes": disk(free)}
+    return {"gpu.NvidiaGpus": gpu_list, "ports.PortListener": {"port=30000": holder},
+            "gpu.SimulatedGpus": True, "model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(free)}
 
 
 def test_preflight_passes_on_a_host_that_can_serve():
@@ -95,12 +97,12 @@ def rank0_spec():
 def test_preflight_fails_rank0_when_the_rendezvous_port_is_taken():
     facts = preflight_facts(gpus())
     holder = PortHolder(pid=91, process_name="nc", unit="debug.service")
-    facts["preflight.PortListener"] = {"port=30000": None, "port=20000": holder}
+    facts["ports.PortListener"] = {"port=30000": None, "port=20000": holder}
     _host, commands = run(preflight.gpu_host_can_serve, facts, spec=rank0_spec())
     assert ("port 20000 (dist_init_addr 10.77.20.2:20000, where the other ranks join rank 0) is held by pid 91 "
             "(nc of debug.service), not by sglang.service") in failure(commands)
     # held by our own rank 0: it is the running group
-    facts["preflight.PortListener"]["port=20000"] = PortHolder(pid=812, process_name="python", unit="sglang.service")
+    facts["ports.PortListener"]["port=20000"] = PortHolder(pid=812, process_name="python", unit="sglang.service")
     assert run(preflight.gpu_host_can_serve, facts, spec=rank0_spec())[1] == []
 
 
@@ -120,12 +122,12 @@ def model_kwargs(spec):
 def test_model_complete_is_a_no_op():
     marker = {"repo": "sandbox/tiny-nvfp4", "revision": REVISION, "files": HUB_FILES}
     state = {"path=/srv/models/tiny": ModelDir(marker=marker, files=dict(HUB_FILES), partial_bytes=0)}
-    host, commands = run(model.model_downloaded, {"model.ModelDirState": state}, **model_kwargs(sandbox_spec()))
+    host, commands = run(model.model_downloaded, {"model_dir.ModelDirState": state}, **model_kwargs(sandbox_spec()))
     assert commands == [] and host.noop_description == f"sandbox/tiny-nvfp4@{REVISION[:12]} is in /srv/models/tiny, verified"
 
 
 def test_model_refuses_with_both_numbers_when_it_does_not_fit():
-    facts = {"model.ModelDirState": EMPTY_DIR, "model.FreeBytes": disk(30_000_000)}
+    facts = {"model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(30_000_000)}
     _host, commands = run(model.model_downloaded, facts, **model_kwargs(sandbox_spec()))
     message = failure(commands)
     assert "need 0.038 GB (38.0 MB) more" in message and "/srv/models has 0.030 GB (30.0 MB) free" in message
@@ -136,7 +138,7 @@ def test_model_downloads_only_what_is_missing_in_a_transient_unit():
     state = {"path=/srv/models/tiny": ModelDir(marker=None, files={"config.json": 2_000,
                                                                     "model-00001-of-00002.safetensors": 20_000_000},
                                                partial_bytes=0)}
-    facts = {"model.ModelDirState": state, "model.FreeBytes": disk(25_000_000)}
+    facts = {"model_dir.ModelDirState": state, "files.FreeBytes": disk(25_000_000)}
     _host, commands = run(model.model_downloaded, facts, **model_kwargs(sandbox_spec()))
     fetch = commands[-1]
     assert fetch.function.__name__ == "_fetch"
@@ -146,7 +148,7 @@ def test_model_downloads_only_what_is_missing_in_a_transient_unit():
 
 
 def test_the_token_goes_in_a_root_only_file_never_in_argv():
-    facts = {"model.ModelDirState": EMPTY_DIR, "model.FreeBytes": disk(10**9)}
+    facts = {"model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(10**9)}
     _host, commands = run(model.model_downloaded, facts, token="hf_secret", **model_kwargs(sandbox_spec()))
     assert "install -m 600 -o root -g root /dev/null /etc/sglang/hf-token" in [str(c) for c in commands]
     argv = commands[-1].args[0]
@@ -162,11 +164,11 @@ OLD = {"version": "0.8.1", "members": ["dense", "pack_quantized"]}
 
 def quant_facts(members, requirers):
     venv = "path=/opt/sglang/venv"
-    return {"quant_deps.ModelConfig": {"path=/srv/models/tiny": NVFP4_CONFIG},
-            "quant_deps.CompressionFormats": {venv: members},
-            "quant_deps.CompressedTensorsRequirers": {venv: requirers},
-            "python_env.VenvPackages": {venv: {"torch": "2.13.0+cpu", "sglang": "0.5.23", "compressed-tensors": "0.8.1"}},
-            "quant_deps.ExactPins": {"packages=['sglang', 'torch'], path=/opt/sglang/venv": {"sglang": ["transformers==5.19.0"]}}}
+    return {"model_dir.ModelConfig": {"path=/srv/models/tiny": NVFP4_CONFIG},
+            "compressed_tensors.CompressionFormats": {venv: members},
+            "compressed_tensors.CompressedTensorsRequirers": {venv: requirers},
+            "venv.VenvPackages": {venv: {"torch": "2.13.0+cpu", "sglang": "0.5.23", "compressed-tensors": "0.8.1"}},
+            "venv.ExactPins": {"packages=['sglang', 'torch'], path=/opt/sglang/venv": {"sglang": ["transformers==5.19.0"]}}}
 
 
 def test_format_present_is_a_no_op():
@@ -200,10 +202,10 @@ def service_facts(spec, stamp, active="active"):
     unit = {"load_state": "loaded", "active_state": active, "sub_state": "running", "main_pid": 812,
             "unit_file_state": "enabled", "fragment_path": spec.unit_path, "restarts": 0, "invocation_id": "x",
             "started_monotonic_us": 1, "need_daemon_reload": False}
-    return {"service.SystemdUnitState": {f"unit={spec.unit_name}": service.UnitState(**unit)},
-            "_common.FileText": {f"path={service.stamp_path(spec)}": stamp},
-            "python_env.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
-            "model.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)}}
+    return {"systemd.SystemdUnitState": {f"unit={spec.unit_name}": UnitState(**unit)},
+            "files.FileText": {f"path={service.stamp_path(spec)}": stamp},
+            "venv.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
+            "model_dir.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)}}
 
 
 def stamp_for(spec):
