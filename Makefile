@@ -2,11 +2,11 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_TOOLS := systemd-container mmdebstrap iptables openssh-client
+APT_TOOLS := systemd-container mmdebstrap iptables openssh-client gcc libc6-dev
 HOSTS ?= 1
 KEEP ?= 0
 
-.PHONY: setup test test-venvs unit demo bench up down status clean
+.PHONY: setup test test-venvs lint unit demo bench up down status clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,11 +42,22 @@ PARSER_DEPS := msgspec==0.23.0 numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase6
 	.sandbox/ct-venv/bin/pip install -q torch==2.13.0 compressed-tensors==0.8.1
 	touch $@
 
-test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed
+# pynvml (nvidia-ml-py, the release sglang 0.5.23 depends on) against the sandbox's simulated libnvidia-ml.so.1
+.sandbox/nvml-venv/.installed:
+	$(PYTHON) -m venv .sandbox/nvml-venv
+	.sandbox/nvml-venv/bin/pip install -q nvidia-ml-py==13.615.71
+	touch $@
 
-## make test: unit tests (facts, operations, spec, stand-ins) + sandbox integration tests
-test: setup test-venvs
+test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox/nvml-venv/.installed
+
+## make test: lint (ruff, mypy), unit tests (facts, operations, spec, stand-ins) + sandbox integration tests
+test: setup test-venvs lint
 	$(PY) -m pytest -q
+
+## make lint: ruff and mypy, configured in pyproject.toml
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit

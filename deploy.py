@@ -3,30 +3,21 @@
     pyinfra inventory/ct200.py deploy.py              # converge
     pyinfra inventory/ct200.py deploy.py --dry --diff # show what would change
 
-Every host's settings are validated before any host is touched; then each
-step below runs in order, each idempotent (a second run changes nothing).
+Every host's settings are validated before any host is touched (config.py);
+then each step of tasks/pipeline.py runs in order, each idempotent (a second
+run changes nothing): a router host runs the router's step, a server the
+server pipeline, a rank of a multi-node TP group the group's pipeline.
 """
 
 from pyinfra import host, inventory
 
-from rollout.record import ready_recorded
-from tasks import model, preflight, python_env, quant_deps, readiness, router, service, stale_gpu
-from tasks.spec import host_spec, validate_inventory
+from core.checks import resolved_spec
+from tasks.pipeline import pipeline_for
+from tasks.spec import RouterSpec, host_spec, validate_inventory
 
 validate_inventory(inventory)
 spec = host_spec(host)
-
-if spec.role == "router":  # SGLang's router in front of the servers (group_data/routers.py)
-    router.router(spec)
-else:
-    spec = preflight.resolved_spec(spec)
-    preflight.preflight(spec)
-    python_env.python_env(spec)
-    model.model(spec)
-    quant_deps.quant_deps(spec)
-    stale_gpu.stale_gpu(spec)
-    router.drain(spec)  # out of its router (router_url) before a restart
-    service.service(spec)
-    readiness.readiness(spec)
-    router.register(spec)  # back in its router once ready
-    ready_recorded(spec=spec, name="time to ready recorded")
+if not isinstance(spec, RouterSpec):
+    spec = resolved_spec(spec)  # attention backend and NCCL env from the host's GPUs
+for step in pipeline_for(spec):
+    step(spec)

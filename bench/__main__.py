@@ -94,7 +94,7 @@ def report_delay(host, outcome: str) -> dict:
         time.sleep(1.0)
         host.run("systemctl kill -s KILL sglang.service")
         event = time.time()
-    said = {}
+    said: dict[str, float | None] = {}
     thread = threading.Thread(target=lambda: said.__setitem__("deploy", _stream_until(deploy, r"ready: |FAILED:")))
     thread.start()
     baseline_out = baseline.communicate(timeout=120)[0].split()
@@ -104,7 +104,10 @@ def report_delay(host, outcome: str) -> dict:
         line = host.run("journalctl -u sglang.service -o short-unix --no-pager | grep 'fired up and ready' | tail -n 1"
                         ).stdout.split()
         event = float(line[0])
-    return {"deploy_delay_s": said["deploy"] - event, "baseline_delay_s": float(baseline_out[1]) - event}
+    reported = said.get("deploy")
+    if reported is None or event is None:
+        raise RuntimeError(f"the deploy never reported the server {outcome}")
+    return {"deploy_delay_s": reported - event, "baseline_delay_s": float(baseline_out[1]) - event}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ def _override(folder: Path, tag: str) -> str:
     import ast
 
     tree = ast.parse((ROOT / "group_data" / "sandbox.py").read_text())
-    env = next((ast.literal_eval(n.value) for n in tree.body
+    env: dict[str, str] = next((ast.literal_eval(n.value) for n in tree.body
                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "extra_env"), {})
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sandbox.py").write_text(f"extra_env = {dict(env, SGC_BENCH=tag)!r}\n")

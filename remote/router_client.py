@@ -69,7 +69,7 @@ def api_key(auth_file: str | None) -> str | None:
                     return line[len(PREFIX):].strip()
     except OSError as error:
         print(f"FAILED: cannot read the API key file {auth_file}: {error}")
-        raise SystemExit(1)
+        raise SystemExit(1) from error
     return None
 
 
@@ -175,8 +175,8 @@ def register(args) -> int:
                       "it registers itself when its own deploy makes it ready")
                 continue
         if not found:
-            body = {"url": url, **({"api_key": KEY} if KEY else {})}
-            status, body = call("POST", args.router + "/workers", body, key=KEY)
+            request = {"url": url, **({"api_key": KEY} if KEY else {})}
+            status, body = call("POST", args.router + "/workers", request, key=KEY)
             if status not in (200, 201, 202):
                 print(f"FAILED: POST {args.router}/workers {{url: {url}}} answered {status or 'nothing'}: {body}")
                 return 1
@@ -225,5 +225,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.stdout.reconfigure(line_buffering=True)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper here
     sys.exit(main())

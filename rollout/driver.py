@@ -27,18 +27,14 @@ host's plan; nothing is executed.
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -111,7 +107,7 @@ def select_hosts(inventory, limit: Iterable[str] | None) -> list:
     patterns = list(limit or [])
     if not patterns:
         return hosts
-    chosen = set()
+    chosen: set[str] = set()
     for pattern in patterns:
         group = inventory.get_group(pattern, None) if hasattr(inventory, "get_group") else None
         if group:
@@ -123,58 +119,22 @@ def select_hosts(inventory, limit: Iterable[str] | None) -> list:
 # --------------------------------------------------------------------------- pyinfra
 
 
-class _ErrorLines(logging.Handler):
-    """Collects the error lines pyinfra and the steps log, by host."""
+def failure_reason(state, host, failed_op: str | None) -> str:
+    """Why ``host`` failed in this run: the reason its step recorded on the
+    run state (core/runstate.py), else the last error output of the failed
+    operation (pyinfra's OperationMeta)."""
+    from core.ops import explaining_line
+    from core.runstate import run_state
 
-    def __init__(self):
-        super().__init__(level=logging.ERROR)
-        self.lines: dict[str, list[str]] = {}
-
-    def emit(self, record):
-        try:
-            message = record.msg % record.args if record.args else str(record.msg)
-        except Exception:  # noqa: BLE001
-            return
-        _collect(self.lines, message)
-
-
-def _collect(store: dict[str, list[str]], message: str) -> None:
-    text = _ANSI.sub("", str(message)).strip()
-    match = re.match(r"^\[([^\]]+)\]\s*(.*)$", text)
-    if match and match.group(2).strip():
-        store.setdefault(match.group(1), []).append(match.group(2).strip())
-
-
-@contextmanager
-def _captured_output(store: dict[str, list[str]]):
-    """Tee the remote output lines pyinfra prints ("[host] line") into ``store``."""
-    from pyinfra.connectors import util as connector_util
-
-    original = connector_util.echo
-
-    def tee(message=None, *args, **kwargs):
-        if message is not None:
-            _collect(store, message)
-        return original(message, *args, **kwargs)
-
-    connector_util.echo = tee
-    try:
-        yield
-    finally:
-        connector_util.echo = original
-
-
-_GENERIC = ("Error", "Error: executed", "Unexpected error", "Error in nested operation")
-
-
-def _explain(lines: list[str]) -> str:
-    """The line that says why a host failed."""
-    for prefix in ("cause:", "FAILED:", "preflight:", "service:", "router:"):
-        for line in lines:
-            if line.startswith(prefix):
-                return line
-    useful = [line for line in lines if not line.startswith(_GENERIC)]
-    return (useful or lines or [""])[-1]
+    recorded = run_state(state).first_failure(host.name)
+    if recorded is not None:
+        return recorded.cause
+    for op_hash in state.get_op_order():
+        op_data = state.ops[host].get(op_hash)
+        if op_data is not None and op_data.operation_meta.is_complete() and op_data.operation_meta.did_error():
+            meta = op_data.operation_meta
+            return explaining_line(meta.stderr_lines or meta.stdout_lines)
+    return "failed" if failed_op is None else ""
 
 
 class Driver:
@@ -263,14 +223,15 @@ class Driver:
 
     def load(self):
         """(routers, servers, inventory order) of the targeted hosts, specs validated."""
-        from tasks.spec import SpecError, host_spec
+        from tasks.spec import RouterSpec, SpecError, host_spec
 
         state, config, inventory = self._state(check_for_changes=True)
         hosts = select_hosts(inventory, self.limit)
         if not hosts:
             raise SystemExit(f"rollout: no host of {self.inventory_path} matches --limit {' '.join(self.limit)}")
         problems = []
-        routers, servers = [], []
+        routers: list[str] = []
+        servers: list[str] = []
         self.groups: dict[str, str] = {}
         for host in hosts:
             try:
@@ -278,8 +239,11 @@ class Driver:
             except SpecError as err:
                 problems.extend(err.lines)
                 continue
-            (routers if getattr(spec, "role", "server") == "router" else servers).append(host.name)
-            if getattr(spec, "group_key", None):
+            if isinstance(spec, RouterSpec):
+                routers.append(host.name)
+                continue
+            servers.append(host.name)
+            if spec.group_key:
                 self.groups[host.name] = spec.group_key
         if problems:
             raise SpecError(problems, header="invalid settings: nothing was changed")
@@ -290,10 +254,8 @@ class Driver:
         import gevent
         from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-        from facts.gpu import NvidiaGpus
-        from tasks import model as model_step
-        from tasks import preflight as preflight_step
-        from tasks.spec import SpecError, host_spec, validate_inventory
+        from core.checks import host_problems, resolved_spec
+        from tasks.spec import RouterSpec, SpecError, host_spec, validate_inventory
 
         state, config, inventory = self._state(check_for_changes=True)
         active = self._start(state, config, inventory, routers + servers)
@@ -310,21 +272,12 @@ class Driver:
                     with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
                         try:
                             spec = host_spec(host)
-                            if getattr(spec, "role", "server") == "router":
+                            if isinstance(spec, RouterSpec):
                                 return []
-                            spec = preflight_step.resolved_spec(spec)
+                            spec = resolved_spec(spec)
                         except SpecError as err:
                             return [line.split(": ", 1)[-1] for line in err.lines]
-                        gpus = host.get_fact(NvidiaGpus)
-                        found = preflight_step.preflight_problems(spec, gpus, *preflight_step.port_holders(spec))
-                        found += driver_problems(spec, gpus)
-                        try:
-                            disk = model_step.disk_shortfall(spec)
-                        except Exception as err:  # noqa: BLE001 - the Hub unreachable, ...
-                            disk = f"cannot check the disk: {err}"
-                        if disk:
-                            found.append(disk)
-                        return found
+                        return host_problems(spec)  # the preflight step's own check
 
                 greenlets = {host.name: gevent.spawn(one, host) for host in active if host.name in servers}
                 gevent.joinall(list(greenlets.values()))
@@ -344,34 +297,30 @@ class Driver:
         from pyinfra.api.state import StateStage
         from pyinfra_cli.util import load_deploy_file
 
-        from rollout.record import READY_S
-        from tasks.service import RESTARTED_THIS_RUN
+        from core.runstate import run_state
 
-        errors = _ErrorLines()
-        from pyinfra import logger
-
-        logger.addHandler(errors)
         state, config, inventory = self._state(check_for_changes=self.dry)
+        run = run_state(state)
         try:
-            with _captured_output(errors.lines):
-                active = self._start(state, config, inventory, batch.hosts)
-                if active:
-                    state.set_stage(StateStage.Prepare)
-                    load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
-                    config.reset_locked_state()
-                    if not self.dry:
-                        state.set_stage(StateStage.Execute)
-                        try:
-                            run_ops(state)
-                        except PyinfraError as err:  # "No hosts remaining!": every host failed
-                            for host in active:
-                                errors.lines.setdefault(host.name, []).append(str(err))
+            active = self._start(state, config, inventory, batch.hosts)
+            if active:
+                state.set_stage(StateStage.Prepare)
+                load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
+                config.reset_locked_state()
+                if not self.dry:
+                    state.set_stage(StateStage.Execute)
+                    try:
+                        run_ops(state)
+                    except PyinfraError as err:  # "No hosts remaining!": every host failed
+                        for host in active:
+                            if run.first_failure(host.name) is None:
+                                self.errors.setdefault(host.name, []).append(str(err))
             for name in batch.hosts:
                 result = results[name]
                 host = inventory.get_host(name)
-                lines = errors.lines.get(name, []) + self.errors.pop(name, [])
+                connect_errors = self.errors.pop(name, [])
                 if host not in active:
-                    result.result, result.error = "failed", _explain(lines) or "cannot connect"
+                    result.result, result.error = "failed", (connect_errors or ["cannot connect"])[-1]
                     continue
                 if self.dry:
                     result.result = "planned"
@@ -393,13 +342,12 @@ class Driver:
                 failed = host in state.failed_hosts or failed_op is not None
                 result.result = "failed" if failed else "ok"
                 result.changed = changed
-                result.restarted = name in RESTARTED_THIS_RUN
-                result.ready_s = READY_S.get(name)
+                result.restarted = name in run.restarted
+                result.ready_s = run.ready_s.get(name)
                 if failed:
-                    why = _explain(lines)
+                    why = failure_reason(state, host, failed_op) or (connect_errors[-1] if connect_errors else "")
                     result.error = f"{failed_op}: {why}" if failed_op and why else (failed_op or why or "failed")
         finally:
-            logger.removeHandler(errors)
             self._stop(state)
 
     @staticmethod
@@ -407,7 +355,7 @@ class Driver:
         out = []
         for op_hash in state.get_op_order():
             op_data = state.ops[host].get(op_hash)
-            if op_data is not None and op_data.operation_meta._maybe_is_change:
+            if op_data is not None and op_data.operation_meta.will_change:
                 out.append(", ".join(state.get_op_meta(op_hash).names))
         return out
 
@@ -463,21 +411,6 @@ class Driver:
                 break
         report.total_s = time.monotonic() - started
         return report
-
-
-def driver_problems(spec, gpus) -> list[str]:
-    """The NVIDIA driver below the spec's min_driver_version."""
-    wanted = getattr(spec, "min_driver_version", None)
-    if not wanted or not gpus:
-        return []
-    have = gpus[0].driver_version
-
-    def key(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in re.findall(r"\d+", text))
-
-    if key(have) < key(wanted):
-        return [f"NVIDIA driver {have} is older than min_driver_version {wanted}"]
-    return []
 
 
 # --------------------------------------------------------------------------- output

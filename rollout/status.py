@@ -56,10 +56,12 @@ def server_status(spec) -> HostStatus:
     from facts.model_dir import ModelDirState
     from facts.router import RouterWorkers
     from facts.systemd import SystemdUnitState
-    from tasks import preflight, service
-    from tasks.readiness import local_url
+    from core.checks import resolved_spec
+    from core.render import render
+    from core.server import local_url
+    from core.stamps import restart_reasons
 
-    spec = preflight.resolved_spec(spec)
+    spec = resolved_spec(spec)
     rank = getattr(spec, "node_rank", 0)
     row = HostStatus(spec.host_name, "server" if rank == 0 else f"rank {rank}")
     unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
@@ -71,7 +73,7 @@ def server_status(spec) -> HostStatus:
     marker = host.get_fact(ModelDirState, path=spec.model_dir).marker or {}
     revision = marker.get("revision")
     row.revision = str(revision)[:12] if revision else "not downloaded"
-    row.drift = _not_the_unit(service.restart_reasons(spec, service.render(spec), unit_state=unit), spec.unit_name)
+    row.drift = _not_the_unit(restart_reasons(spec, render(spec), unit_state=unit), spec.unit_name)
     if spec.router_url:
         listed = host.get_fact(RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
         mine = [w for w in listed or [] if w.url == spec.worker_url]
@@ -86,15 +88,16 @@ def router_status(spec) -> HostStatus:
     from facts.http import HttpStatus
     from facts.router import RouterWorkers
     from facts.systemd import SystemdUnitState
-    from tasks import router
+    from core.render import render_router_unit
+    from core.stamps import router_restart_reasons
 
     row = HostStatus(spec.host_name, "router")
     unit = host.get_fact(SystemdUnitState, unit=spec.router_unit_name)
     row.unit = _unit_text(unit)
     row.serving = host.get_fact(HttpStatus, url=spec.local_url + "/liveness") == 200
-    row.drift = _not_the_unit(router.router_restart_reasons(spec.router_unit_name, router.render_router_unit(spec),
-                                                            spec.router_venv_path, spec.router_package,
-                                                            spec.auth_header(), unit_state=unit), spec.router_unit_name)
+    row.drift = _not_the_unit(router_restart_reasons(spec.router_unit_name, render_router_unit(spec),
+                                                     spec.router_venv_path, spec.router_package,
+                                                     spec.auth_header(), unit_state=unit), spec.router_unit_name)
     listed = host.get_fact(RouterWorkers, router_url=spec.local_url, auth_file=spec.auth_file)
     if listed is not None:
         row.router = f"{sum(w.healthy for w in listed)}/{len(listed)} healthy"

@@ -1,4 +1,4 @@
-"""python -m sandbox up|down|status|ssh|build: local simulated GPU hosts."""
+"""python -m sandbox up|down|status|ssh|reboot|build: local simulated GPU hosts."""
 
 from __future__ import annotations
 
@@ -68,10 +68,27 @@ def _cmd_ssh(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _cmd_reboot(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    host = H.reboot(args.name, timeout=args.timeout)
+    print(f"{host.name}\t{host.address}\trebooted in {time.monotonic() - started:.1f} s (disk kept, "
+          f"/run and the simulated GPUs cleared)")
+    return 0
+
+
 def _cmd_grow_disk(args: argparse.Namespace) -> int:
     host = H.get_host(args.name)
     H.grow_disk(host, args.path, args.mib)
     print(f"{host.name}: {args.path} now {args.mib} MiB, {H.free_bytes(host, args.path)} bytes free")
+    return 0
+
+
+def _cmd_hub_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from . import hubd
+
+    print(json.dumps(hubd.stats(reset=args.reset, url=args.url or hubd.ENDPOINT), indent=1, sort_keys=True))
     return 0
 
 
@@ -113,6 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_ssh)
+
+    p = sub.add_parser("reboot", help="reboot a host (keeps its disk), wait until it is booted again")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=H.REBOOT_TIMEOUT_S, help="seconds (default %(default)s)")
+    p.set_defaults(func=_cmd_reboot)
+
+    p = sub.add_parser("hub-stats", help="bytes the Hub stand-in served (JSON: total, per file, per client)")
+    p.add_argument("--reset", action="store_true", help="print the counts, then start them over")
+    p.add_argument("--url", help="another hub's endpoint (default: the sandbox hub)")
+    p.set_defaults(func=_cmd_hub_stats)
 
     p = sub.add_parser("build", help="build the cached rootfs (up does this when needed)")
     p.add_argument("--rebuild", action="store_true", help="rebuild even when cached (hosts must be down)")

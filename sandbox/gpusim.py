@@ -12,6 +12,10 @@ State:
   A registration whose process is gone (or whose PID was reused: the
   starttime differs) is ignored and removed, so memory is freed when the
   process dies, like on a real GPU.
+
+A reboot of the host clears the GPUs: REGISTRY_DIR lives on the guest's /run
+(a fresh tmpfs at every boot) and the sandbox also deletes BOOT_CLEARED_PATHS
+from the guest's disk before it starts the guest again (sandbox.hosts.reboot).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from pathlib import Path
 
 LAYOUT_PATH = Path(os.environ.get("SANDBOX_GPU_LAYOUT", "/etc/sandbox-gpu/layout.json"))
 REGISTRY_DIR = Path(os.environ.get("SANDBOX_GPU_REGISTRY", "/run/sandbox-gpu"))
+# guest paths a reboot clears (GPU memory and processes): where the state lives
+# by default, also should it ever sit on the guest's disk rather than its /run
+BOOT_CLEARED_PATHS = ("/run/sandbox-gpu",)
 
 CT200_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 CT200_GPU_MIB = 97887  # what nvidia-smi reports for a 96 GB RTX PRO 6000
@@ -131,3 +138,90 @@ def used_mib_by_gpu(layout: dict | None = None) -> dict[int, int]:
         if holding.gpu_index in used:
             used[holding.gpu_index] += holding.used_mib
     return used
+
+
+# ------------------------------------------------ values nvidia-smi cannot give
+# Optional layout keys, honoured by the nvidia-smi stand-in and by the NVML
+# stand-in (sandbox/nvml/nvml_sim.c = libnvidia-ml.so.1 in the guest, which
+# reads the same layout + registry JSON):
+# - gpu["unavailable"] / gpu["apps_unavailable"]: {nvidia-smi field name:
+#   "[N/A]" or "[Not Supported]"}, printed instead of the value.
+# - layout["p2p_matrix"]: {"r"|"w"|"n"|"a"|"p": N x N nvidia-smi P2P codes}.
+
+NA = "[N/A]"
+NOT_SUPPORTED = "[Not Supported]"
+# query-gpu fields a unified-memory GPU (GH200 / GB10 class) reports as [N/A]
+UNIFIED_MEMORY_FIELDS = ("memory.total", "memory.used", "memory.free", "memory.reserved")
+# nvidia-smi's aliases -> the canonical names marks are stored under
+_GPU_FIELD_ALIASES = {"gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
+                      "compute_capability": "compute_cap"}  # fmt: skip
+_APP_FIELD_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
+
+
+def mark_unavailable(layout: dict, fields, value: str | None = NA, gpus=None, apps: bool = False) -> dict:
+    """Make nvidia-smi print `value` ("[N/A]" / "[Not Supported]") for `fields`.
+
+    fields: nvidia-smi's canonical --query-gpu names (memory.total, compute_cap,
+    ...) or, with apps=True, --query-compute-apps names (used_gpu_memory) for
+    the processes on those GPUs. gpus: GPU indexes (default: all). The NVML
+    stand-in then fails the matching call with NVML_ERROR_NOT_SUPPORTED (a
+    process's usedGpuMemory becomes NVML_VALUE_NOT_AVAILABLE: None in pynvml).
+    value=None clears the marks. Returns the layout (changed in place).
+
+    >>> mark_unavailable(make_layout(count=1), ["memory.used"])["gpus"][0]["unavailable"]
+    {'memory.used': '[N/A]'}
+    """
+    if isinstance(fields, str):
+        fields = [fields]
+    aliases = _APP_FIELD_ALIASES if apps else _GPU_FIELD_ALIASES
+    fields = [aliases.get(f.lower(), f.lower()) for f in fields]
+    key = "apps_unavailable" if apps else "unavailable"
+    wanted = None if gpus is None else {int(i) for i in gpus}
+    for gpu in layout["gpus"]:
+        if wanted is not None and gpu["index"] not in wanted:
+            continue
+        marks = gpu.setdefault(key, {})
+        for field in fields:
+            if value is None:
+                marks.pop(field, None)
+            else:
+                marks[field] = value
+        if not marks:
+            del gpu[key]
+    return layout
+
+
+def unavailable(gpu: dict, field: str, apps: bool = False) -> str | None:
+    """The "[N/A]"-like text nvidia-smi prints for this field of this GPU, or None."""
+    return gpu.get("apps_unavailable" if apps else "unavailable", {}).get(field)
+
+
+P2P_CAPS = ("r", "w", "n", "a", "p")  # `nvidia-smi topo -p2p` letters, in NVML's caps-index order
+
+
+def set_p2p_matrix(layout: dict, matrix: list[list[str]], caps: str = "rwap") -> dict:
+    """Per-pair P2P codes (OK, CNS, GNS, TNS, NS, U; "X" on the diagonal) for `caps`.
+
+    Rows/columns follow layout["gpus"]. Without a matrix every pair has
+    layout["p2p"] (NVLink "n": NS). Returns the layout (changed in place).
+    """
+    n = len(layout["gpus"])
+    if len(matrix) != n or any(len(row) != n for row in matrix):
+        raise ValueError(f"p2p matrix must be {n} x {n}")
+    for cap in caps:
+        if cap not in P2P_CAPS:
+            raise ValueError(f"unknown P2P capability {cap!r}: one of {P2P_CAPS}")
+        layout.setdefault("p2p_matrix", {})[cap] = [
+            ["X" if i == j else str(code) for j, code in enumerate(row)] for i, row in enumerate(matrix)
+        ]
+    return layout
+
+
+def p2p_status(layout: dict, i: int, j: int, cap: str = "r") -> str:
+    """The `nvidia-smi topo -p2p <cap>` code between the GPUs at positions i and j."""
+    if i == j:
+        return "X"
+    matrix = layout.get("p2p_matrix", {}).get(cap)
+    if matrix is not None:
+        return str(matrix[i][j])
+    return "NS" if cap == "n" else str(layout.get("p2p", "OK"))

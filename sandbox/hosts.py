@@ -6,10 +6,18 @@ side 10.77.N.1, NAT for the guest's apt/pip), on a throw-away overlayfs over
 the cached rootfs (sandbox.rootfs), in its own cgroup (sgc-sgcN). GPUs are
 simulated (sandbox.gpusim + the nvidia-smi stand-in).
 
+A host can reboot and keep its disk: a small supervisor (sh, argv[0]
+sgc-nspawn-supervisor; its PID is SandboxHost.nspawn_pid) runs systemd-nspawn
+and starts it again on the same root when it exits with 133 (the guest
+rebooted: `systemctl reboot` in it, or reboot() here); any other exit (a
+poweroff, SIGTERM from remove/down) ends the host for good.
+
 Python API:
     up(count, **layout_opts) -> list[SandboxHost]   ensure hosts 1..count run
     down()                                          remove every sandbox host
     status() -> list[dict]                          hosts and their state
+    reboot(name) -> SandboxHost                     reboot one host, wait until booted
+    wait_booted(name)                               wait for systemd + sshd (after a reboot)
     load_hosts() -> list[SandboxHost]               from the state file
     set_disk(host, path, size_mib) / grow_disk(...)  size-limited fs at path
 
@@ -55,6 +63,9 @@ PIP_CONFIG_FILES = (
 )
 BOOT_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+REBOOT_TIMEOUT_S = BOOT_TIMEOUT_S + STOP_TIMEOUT_S
+NSPAWN_REBOOT_EXIT = 133  # systemd-nspawn's exit status when the guest asked for a reboot
+SUPERVISOR_ARGV0 = f"{PREFIX}-nspawn-supervisor"  # how the supervisor shows in ps
 MAX_HOSTS = 254
 
 SRC_DIR = Path(__file__).resolve().parent
@@ -223,8 +234,9 @@ def _proc_cmdline(pid: int) -> list[str]:
 
 
 def _is_our_nspawn(pid: int, name: str | None = None) -> bool:
+    """A systemd-nspawn of a guest of ours (of `name`), or the supervisor that runs it."""
     argv = _proc_cmdline(pid)
-    if not argv or os.path.basename(argv[0]) != "systemd-nspawn":
+    if not argv or os.path.basename(argv[0]) not in ("systemd-nspawn", SUPERVISOR_ARGV0):
         return False
     joined = " ".join(argv)
     if str(VAR_DIR) not in joined:
@@ -233,7 +245,7 @@ def _is_our_nspawn(pid: int, name: str | None = None) -> bool:
 
 
 def _scan_nspawn_pids() -> dict[str, list[int]]:
-    """nspawn processes running a guest of ours, by host name."""
+    """nspawn processes running a guest of ours (and their supervisors), by host name."""
     found: dict[str, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -262,13 +274,41 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _is_supervised(host: SandboxHost) -> bool:
+    argv = _proc_cmdline(host.nspawn_pid)
+    return bool(argv) and argv[0] == SUPERVISOR_ARGV0
+
+
+def guest_nspawn_pid(host: SandboxHost) -> int | None:
+    """The systemd-nspawn of the guest's current boot (a new one after each reboot)."""
+    if not _is_supervised(host):  # started without a supervisor (an older sandbox)
+        return host.nspawn_pid if _is_our_nspawn(host.nspawn_pid, host.name) else None
+    for child in _children(host.nspawn_pid):
+        argv = _proc_cmdline(child)
+        if argv and os.path.basename(argv[0]) == "systemd-nspawn" and _alive(child):
+            return child
+    return None
+
+
 def guest_init_pid(host: SandboxHost) -> int | None:
     """The guest's systemd (PID 1 inside it), as a PID on the machine (for nsenter)."""
-    try:
-        children = Path(f"/proc/{host.nspawn_pid}/task/{host.nspawn_pid}/children").read_text().split()
-    except OSError:
-        return None
-    return int(children[0]) if children else None
+    nspawn = guest_nspawn_pid(host)
+    children = _children(nspawn) if nspawn else []
+    return children[0] if children else None
 
 
 # ------------------------------------------------------------------ cgroups
@@ -517,8 +557,16 @@ def install_guest_files(root: Path, name: str, layout: dict) -> None:
         root,
         "/etc/sandbox-gpu/SIMULATED",
         "The GPUs of this host are simulated (sglang-converge sandbox): "
-        f"{GUEST_LIB}/gpusim.py + /usr/local/bin/nvidia-smi stand-in.\n",
+        f"{GUEST_LIB}/gpusim.py + /usr/local/bin/nvidia-smi stand-in"
+        " + libnvidia-ml.so.1 (NVML stand-in, sandbox/nvml).\n",
     )
+    # NVML over the same state (built with the machine's gcc, cached by source digest)
+    from .nvml import build as nvml_build
+
+    try:
+        nvml_build.install_into(root)
+    except (nvml_build.NvmlBuildError, OSError) as err:
+        _log(f"{name}: NVML stand-in (libnvidia-ml.so.1) not installed: {err}")
 
 
 def _prepare_root(root: Path, name: str, layout: dict) -> None:
@@ -598,12 +646,12 @@ def _start_guest(index: int, base: Path, layout: dict) -> SandboxHost:
         if os.path.isdir(d):
             nspawn.append(f"--bind-ro={d}")
     # own cgroup (else all --keep-unit guests share the caller's) and own session
-    script = "".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))} && " for d in cgdirs)
-    script += "exec " + shlex.join(nspawn)
+    script = _supervisor_script(merged, cgdirs, nspawn)
     log = open(hdir / "nspawn.log", "wb")
     try:
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", script],
+            [SUPERVISOR_ARGV0, "-c", script],
+            executable="/bin/sh",
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -623,6 +671,38 @@ def _start_guest(index: int, base: Path, layout: dict) -> SandboxHost:
         root=str(merged),
         gpus=_layout_summary(layout),
     )
+
+
+def _supervisor_script(merged: Path, cgdirs: list[Path], nspawn: list[str]) -> str:
+    """sh that runs nspawn, and again on the same root each time the guest reboots.
+
+    systemd-nspawn exits with NSPAWN_REBOOT_EXIT when the guest asked for a
+    reboot: the supervisor then clears the simulated GPUs (gpusim's
+    BOOT_CLEARED_PATHS; /run is a fresh tmpfs anyway) and starts it again in the
+    same network namespace. Any other exit ends the host. SIGTERM (remove,
+    down) is passed on to nspawn once: an orderly poweroff of the guest, no restart.
+    """
+    cleared = " ".join(shlex.quote(str(merged / p.lstrip("/"))) for p in gpusim.BOOT_CLEARED_PATHS)
+    say = f"echo {SUPERVISOR_ARGV0}:"
+    return "\n".join([
+        *(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))} || exit 1" for d in cgdirs),
+        "stop= child= rc=0 boot=0",
+        """trap 'stop=1; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null' TERM""",
+        'while [ -z "$stop" ]; do',
+        f"  rm -rf -- {cleared}",
+        "  boot=$((boot + 1))",
+        f'  {say} "boot $boot: starting systemd-nspawn"',
+        f"  {shlex.join(nspawn)} &",
+        "  child=$!",
+        # wait returns early when the trap ran; a zombie still answers kill -0
+        '  while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done',
+        "  child=",
+        f'  [ "$rc" = {NSPAWN_REBOOT_EXIT} ] || break',
+        f'  {say} "the guest rebooted (systemd-nspawn exit $rc): starting it again on the same root"',
+        "done",
+        f'{say} "systemd-nspawn exited $rc: the host is down"',
+        'exit "$rc"',
+    ])  # fmt: skip
 
 
 def _system_state(host: SandboxHost, timeout: float = 10) -> str:
@@ -752,7 +832,7 @@ def up(count: int = 1, indexes: list[int] | None = None, **layout_opts) -> list[
             if not state["hosts"]:
                 _cleanup_globals()
             raise
-        for index, host in hosts.items():
+        for host in hosts.values():
             state["hosts"][host.name] = asdict(host)
         _write_state(state)
         # the Hub stand-in listens on the machine side of every guest's veth
@@ -764,7 +844,9 @@ def up(count: int = 1, indexes: list[int] | None = None, **layout_opts) -> list[
 
 def _stop_pids(pids: list[int], name: str) -> None:
     pids = [p for p in pids if _alive(p)]
-    for pid in pids:
+    # SIGTERM the top of each guest only: the supervisor passes it on to its nspawn
+    # once (a second SIGTERM would make nspawn kill the guest rather than halt it)
+    for pid in [p for p in pids if _ppid(p) not in pids]:
         try:
             os.kill(pid, signal.SIGTERM)  # nspawn: orderly guest shutdown
         except ProcessLookupError:
@@ -932,6 +1014,53 @@ def status() -> list[dict]:
         return []
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
         return list(pool.map(one, hosts))
+
+
+def wait_booted(name: str, timeout: float = BOOT_TIMEOUT_S) -> str:
+    """Wait until host `name` is booted (sshd answers, systemd running/degraded).
+
+    Returns the systemd state; raises RuntimeError (the host, the last lines of
+    its log) after `timeout` s or when its nspawn supervisor has exited. Right
+    after an in-guest reboot the old boot may still answer: wait for a new
+    boot id first.
+    """
+    return _wait_booted(get_host(name), timeout)
+
+
+def reboot(name: str, timeout: float = REBOOT_TIMEOUT_S) -> SandboxHost:
+    """Reboot host `name` like `systemctl reboot` in it; returns once it is booted again.
+
+    The guest's systemd shuts it down cleanly; the supervisor starts it again on
+    the same overlay (files written in the guest are kept, /run is a fresh tmpfs,
+    the simulated GPUs hold no memory), in the same network namespace (same
+    address), with the same GPU layout. Raises RuntimeError naming the host and
+    the last lines of its log when it is not down and booted again within
+    `timeout` s.
+    """
+    host = get_host(name)
+    if not _is_running(asdict(host)):
+        raise RuntimeError(f"{name}: not running, nothing to reboot (python -m sandbox status)")
+    if not _is_supervised(host):
+        raise RuntimeError(f"{name}: started without a reboot supervisor (an older sandbox): "
+                           f"remove it and up it again")  # fmt: skip
+    deadline = time.monotonic() + timeout
+    old_nspawn, init = guest_nspawn_pid(host), guest_init_pid(host)
+    if old_nspawn is None or init is None:
+        raise RuntimeError(f"{name}: no guest init to reboot (still starting?):\n{_log_tail(name)}")
+    # systemd: SIGRTMIN+5 starts reboot.target, like `systemctl reboot`
+    os.kill(init, signal.SIGRTMIN + 5)
+    while _alive(old_nspawn):  # the old boot's nspawn exits (133) once the guest went down
+        if not _alive(host.nspawn_pid):
+            raise RuntimeError(f"{name}: the nspawn supervisor exited during the reboot:\n{_log_tail(name)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: did not go down within {timeout:.1f} s of the reboot request:\n"
+                               f"{_log_tail(name)}")  # fmt: skip
+        time.sleep(0.05)
+    try:
+        _wait_booted(host, max(deadline - time.monotonic(), 1.0))
+    except RuntimeError as err:
+        raise RuntimeError(f"{name}: not booted again within {timeout:.1f} s of the reboot request: {err}") from err
+    return host
 
 
 def get_host(name: str) -> SandboxHost:

@@ -12,6 +12,9 @@ Supported:
   nvidia-smi --query-gpu=FIELDS --format=csv[,noheader][,nounits] [-i IDS]
   nvidia-smi --query-compute-apps=FIELDS --format=csv[,noheader][,nounits] [-i IDS]
   nvidia-smi topo -p2p r|w|n|a|p    nvidia-smi topo -m
+
+Fields gpusim marks unavailable (gpusim.mark_unavailable) print as the real
+tool does: `[N/A]` / `[Not Supported]`, without a unit even in csv with units.
 """
 
 from __future__ import annotations
@@ -161,9 +164,20 @@ def _header(fields: list[str], table: dict, units: bool) -> str:
 
 def _value(field: str, table: dict, value: str, units: bool) -> str:
     unit = table[field][0]
+    if value.startswith("[") and value.endswith("]"):  # [N/A], [Not Supported]: as is, no unit
+        return value
     if units and unit:
         return f"{value} %" if unit == "%" else f"{value} {unit}"
     return value
+
+
+def _gpu_value(field: str, gpu: dict, ctx: dict) -> str:
+    """The field's text: its value, or what gpusim marks it as ("[N/A]", "[Not Supported]")."""
+    return gpusim.unavailable(gpu, field) or GPU_FIELDS[field][1](gpu, ctx)
+
+
+def _app_value(field: str, holding, gpu: dict) -> str:
+    return gpusim.unavailable(gpu, field, apps=True) or APP_FIELDS[field][1](holding, gpu)
 
 
 def query_gpu(layout: dict, spec: str, fmt: str | None, ids: str | None) -> str:
@@ -173,9 +187,7 @@ def query_gpu(layout: dict, spec: str, fmt: str | None, ids: str | None) -> str:
     ctx = {"used": gpusim.used_mib_by_gpu(layout), "layout": layout, "count": len(layout["gpus"])}
     lines = [_header(fields, GPU_FIELDS, units)] if header else []
     for gpu in gpus:
-        lines.append(
-            ", ".join(_value(f, GPU_FIELDS, GPU_FIELDS[f][1](gpu, ctx), units) for f in fields)
-        )
+        lines.append(", ".join(_value(f, GPU_FIELDS, _gpu_value(f, gpu, ctx), units) for f in fields))
     return "".join(line + "\n" for line in lines)
 
 
@@ -189,7 +201,7 @@ def query_apps(layout: dict, spec: str, fmt: str | None, ids: str | None) -> str
         gpu = gpus.get(h.gpu_index)
         if gpu is None:
             continue
-        lines.append(", ".join(_value(f, APP_FIELDS, APP_FIELDS[f][1](h, gpu), units) for f in fields))
+        lines.append(", ".join(_value(f, APP_FIELDS, _app_value(f, h, gpu), units) for f in fields))
     return "".join(line + "\n" for line in lines)
 
 
@@ -236,10 +248,9 @@ def topo(layout: dict, argv: list[str]) -> str:
             raise UsageError("Missing P2P capability: one of r, w, n, a, p.\n", 2)
         if cap not in ("r", "w", "n", "a", "p"):
             raise UsageError(f'"{cap}" is not a valid P2P capability: one of r, w, n, a, p.\n', 2)
-        status = "NS" if cap == "n" else str(layout.get("p2p", "OK"))
         out = [" \t" + "".join(f"GPU{g['index']}\t" for g in gpus)]
         for i in range(n):
-            cells = "".join(("X" if i == j else status) + "\t" for j in range(n))
+            cells = "".join(gpusim.p2p_status(layout, i, j, cap) + "\t" for j in range(n))
             out.append(f" GPU{gpus[i]['index']}\t{cells}")
         return "\n".join(out) + "\n" + P2P_LEGEND
     if argv and argv[0] in ("-m", "--matrix"):
@@ -275,6 +286,8 @@ def summary(layout: dict) -> str:
     ]
     for g in layout["gpus"]:
         mem = f"{used.get(g['index'], 0)}MiB / {g['memory_total_mib']}MiB"
+        if any(gpusim.unavailable(g, f) for f in ("memory.used", "memory.total")):
+            mem = "Not Supported"  # the table's text for memory it cannot report (unified memory)
         rows.append("| {:<88}|".format(f"{g['index']:>3}  {g['name'][:46]:<46} {g['pci_bus_id'][4:]:>16}  {mem}"))
     rows.append(bar)
     rows.append("")
@@ -285,8 +298,12 @@ def summary(layout: dict) -> str:
     holdings = sorted(gpusim.live_holdings(), key=lambda h: (h.gpu_index, h.pid))
     if not holdings:
         rows.append("| {:<88}|".format(" No running processes found"))
+    by_index = {g["index"]: g for g in layout["gpus"]}
     for h in holdings:
-        rows.append("|  {:<5}{:<10}{:<54}{:>17} |".format(h.gpu_index, h.pid, h.name[:53], f"{h.used_mib}MiB"))
+        usage = f"{h.used_mib}MiB"
+        if h.gpu_index in by_index and gpusim.unavailable(by_index[h.gpu_index], "used_gpu_memory", apps=True):
+            usage = "N/A"
+        rows.append(f"|  {h.gpu_index:<5}{h.pid:<10}{h.name[:53]:<54}{usage:>17} |")
     rows.append(bar)
     return "\n".join(rows) + "\n"
 

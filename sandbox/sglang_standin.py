@@ -387,7 +387,7 @@ def check_memory(gpus: list[dict], used: dict[int, int], args: Args, tp_base: in
                     log(msg, tp=tp_base + rank, err=True)
                     break
                 raise RuntimeError(msg)
-    for rank, gpu in enumerate(gpus):
+    for gpu in gpus:
         need = args.mem_fraction_static * gpu["memory_total_mib"]
         if need > free[gpu["index"]]:
             raise RuntimeError(
@@ -947,7 +947,7 @@ class Rendezvous:
                     )
                 try:
                     conn, peer = srv.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 conn.settimeout(10)
                 try:

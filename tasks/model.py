@@ -9,44 +9,20 @@ deploy last left it.
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 from io import StringIO
-from pathlib import Path
 from shlex import quote as _shell_quote
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
-from facts.files import FreeBytes
-from facts.model_dir import ModelDir, ModelDirState
-from tasks._common import fail_command, gb, plan
+from core.disk import disk_need, hf_token
+from core.ops import explaining_line, fail_command, gb, plan, record_failure
+from core.paths import CONFIG_DIR, REMOTE_DIR, REMOTE_SRC_DIR, TOKEN_FILE
+from tasks.spec import Spec
 
 FETCH_UNIT = "sglang-model-fetch.service"
-REMOTE_DIR = "/usr/local/lib/sglang-converge"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
-TOKEN_FILE = "/etc/sglang/hf-token"
-LOCAL_FETCH_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "fetch_model.py"
-
-
-@lru_cache(maxsize=None)
-def hub_files(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, int]:
-    """File sizes of one pinned revision, from the Hub API (asked once per run)."""
-    from huggingface_hub import HfApi
-
-    info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, files_metadata=True)
-    return {sibling.rfilename: int(sibling.size or 0) for sibling in info.siblings}
-
-
-def model_complete(state: ModelDir, repo: str, revision: str) -> bool:
-    """The marker names this revision and every file it lists is on disk at its size."""
-    marker = state.marker
-    if not marker or marker.get("repo") != repo or marker.get("revision") != revision:
-        return False
-    return all(state.files.get(name) == size for name, size in marker.get("files", {}).items())
-
-
-def bytes_to_fetch(expected: dict[str, int], state: ModelDir) -> int:
-    return sum(size for name, size in expected.items() if state.files.get(name) != size)
+LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
 
 
 def _fetch(state, host, fetch_argv: str, local_dir: str, need: int, token_file: str | None) -> bool:
@@ -66,6 +42,7 @@ def _fetch(state, host, fetch_argv: str, local_dir: str, need: int, token_file: 
         )
         if not ok:
             host.log_styled(f"model: could not start the download unit: {out.stderr}", fg="red", log_func=logger.error)
+            record_failure(state, host, f"model: could not start the download unit: {out.stderr}")
             return False
         host.log(f"model: downloading in {unit} (survives a dropped ssh session; a re-run attaches to it)",
                  logger.warning)
@@ -100,36 +77,9 @@ def _fetch(state, host, fetch_argv: str, local_dir: str, need: int, token_file: 
         return True
     for line in journal.stdout_lines:
         host.log_styled(f"model: {line}", fg="red", log_func=logger.error)
+    record_failure(state, host, "model: " + (explaining_line(journal.stdout_lines) or f"{unit} failed"),
+                   journal.stdout_lines)
     return False
-
-
-def _token(spec) -> str | None:
-    return spec.hf_token.get_secret_value() if spec.hf_token else None
-
-
-def disk_shortfall(spec) -> str | None:
-    """Why the model's remaining bytes do not fit on the host's disk, or None.
-
-    Needed bytes come from the Hub's file sizes for the pinned revision, minus
-    the files already complete on disk; free bytes from the filesystem that
-    holds (or will hold) the model dir, minus the margin.
-    """
-    repo, revision = spec.profile.repo, spec.profile.revision
-    state = host.get_fact(ModelDirState, path=spec.model_dir)
-    if model_complete(state, repo, revision):
-        return None
-    expected = hub_files(repo, revision, spec.hf_endpoint, _token(spec))
-    need = bytes_to_fetch(expected, state)
-    space = host.get_fact(FreeBytes, path=spec.model_dir)
-    free = space.free_bytes if space else 0
-    if need <= free - spec.margin_bytes:
-        return None
-    where = space.path if space else spec.model_dir
-    return (
-        f"not enough disk for {repo}@{revision[:12]}: need {gb(need)} more (of {gb(sum(expected.values()))}), "
-        f"{where} has {gb(free)} free and {gb(spec.margin_bytes)} must stay free (size_margin_gb); "
-        f"nothing was downloaded"
-    )
 
 
 @operation()
@@ -156,30 +106,20 @@ def model_downloaded(
                          local_dir="/srv/models/kimi-k2.6", python="/opt/sglang/venv/bin/python",
                          margin_bytes=50 * 10**9)
     """
-    state = host.get_fact(ModelDirState, path=local_dir)
-    if model_complete(state, repo, revision):
+    need = disk_need(repo, revision, local_dir, margin_bytes, endpoint, token)
+    if need is None:
         host.noop(f"{repo}@{revision[:12]} is in {local_dir}, verified")
         return
-    expected = hub_files(repo, revision, endpoint, token)
-    need = bytes_to_fetch(expected, state)
-    space = host.get_fact(FreeBytes, path=local_dir)
-    free = space.free_bytes if space else 0
-    where = space.path if space else local_dir
-    total = sum(expected.values())
-    if need > free - margin_bytes:
-        message = (
-            f"model: not enough disk for {repo}@{revision[:12]}: need {gb(need)} more "
-            f"(of {gb(total)}), {where} has {gb(free)} free and {gb(margin_bytes)} must stay free "
-            f"(size_margin_gb). Nothing was downloaded."
-        )
+    if need.short:
+        message = f"model: {need.shortfall()}"
         plan(message)
         yield fail_command(message)
         return
     plan(
-        f"download {repo}@{revision[:12]} into {local_dir}: {gb(need)} of {gb(total)} "
-        f"({len(expected)} files; {gb(free)} free at {where})"
+        f"download {repo}@{revision[:12]} into {local_dir}: {gb(need.need)} of {gb(need.total)} "
+        f"({need.files} files; {gb(need.free)} free at {need.where})"
     )
-    yield StringCommand("install -d -m 755", REMOTE_DIR, "/etc/sglang")
+    yield StringCommand("install -d -m 755", REMOTE_DIR, CONFIG_DIR)
     yield FileUploadCommand(str(LOCAL_FETCH_SCRIPT), FETCH_SCRIPT)
     token_file = None
     if token:
@@ -193,13 +133,13 @@ def model_downloaded(
     if token_file:
         argv += ["--token-file", token_file]
     fetch_argv = " ".join(_shell_quote(arg) for arg in argv)
-    yield FunctionCommand(_fetch, (fetch_argv, local_dir, need, token_file), {})
+    yield FunctionCommand(_fetch, (fetch_argv, local_dir, need.need, token_file), {})
 
 
 @deploy("Model")
-def model(spec):
+def model(spec: Spec) -> None:
     """The pinned model revision in the model dir: disk checked, downloaded, verified."""
-    token = _token(spec)
+    token = hf_token(spec)
     model_downloaded(
         repo=spec.profile.repo,
         revision=spec.profile.revision,

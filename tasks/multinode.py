@@ -21,38 +21,31 @@ others (``meet``); a rank that failed in an earlier step, a run that is not
 parallel (--serial) or a rank that gave up ends the wait with the reason.
 
     from tasks import multinode
-    multinode.group_restarted(spec=spec, rendered=render(spec))   # tasks/service.py
-    multinode.group_ready(spec=spec)                              # tasks/readiness.py
+    multinode.group_service(spec)     # instead of tasks/service.py (deploy.py picks)
+    multinode.group_readiness(spec)   # instead of tasks/readiness.py
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import dataclass, field
-from io import StringIO
 from typing import Any
 
 import gevent
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.context import ctx_host, ctx_state, state
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.context import ctx_host, state
 
+from core.checks import resolved_spec
+from core.ops import fail_command, plan, preparing, record_failure, report
+from core.render import Rendered, render
+from core.runstate import run_state
+from core.server import WAIT_SCRIPT, local_url, mark_restarted, restarted_this_run, server_args_accepted, server_files
+from core.stamps import restart_reasons, stamp_path, stamp_written, wanted_stamp
 from facts.http import HttpStatus
 from facts.systemd import SystemdUnitState
-from tasks._common import fail_command, plan, preparing, report
-from tasks.readiness import WAIT_SCRIPT, local_url
-from tasks.service import (
-    RESTARTED_THIS_RUN,
-    STATE_DIR,
-    Rendered,
-    render,
-    restart_reasons,
-    stamp_path,
-    wanted_stamp,
-)
-from tasks.spec import host_spec, node_groups, validate_inventory
+from tasks.spec import Spec, host_spec, node_groups, validate_inventory
 
 POLL_S = 0.05  # how often a waiting rank looks at the board (in-process, cheap)
 SLICE_S = 1.0  # one readiness slice on a host: the group learns of a failure within about this
@@ -94,12 +87,7 @@ class _Run:
 
 
 def _run() -> _Run:
-    current = ctx_state.get()
-    run = getattr(current, "sgc_multinode", None)
-    if run is None:
-        run = _Run()
-        current.sgc_multinode = run
-    return run
+    return run_state().extension("multinode", _Run)
 
 
 def members(spec) -> list[str]:
@@ -171,8 +159,6 @@ def meet(spec, step: str, value: Any, wait_for: list[str] | None = None,
 def _planned_reasons(spec, own: list[str]) -> dict[str, list[str]]:
     """While preparing (--dry): every rank's restart reasons, the other ranks'
     read from their own facts once per group (hosts are prepared one by one)."""
-    from tasks.preflight import resolved_spec
-
     board = _run().boards.setdefault((spec.group_key, "plan"), _Board())
     board.values[host.name] = own
     for name in members(spec):
@@ -181,7 +167,9 @@ def _planned_reasons(spec, own: list[str]) -> dict[str, list[str]]:
         peer = host.inventory.get_host(name)
         try:
             with ctx_host.use(peer):
-                peer_spec = resolved_spec(host_spec(peer))
+                built = host_spec(peer)
+                assert isinstance(built, Spec), f"{name} is a router host, not a rank"
+                peer_spec = resolved_spec(built)
                 board.values[name] = rank_restart_reasons(peer_spec, render(peer_spec))
         except Exception as e:  # noqa: BLE001 - a plan line, not a decision
             board.values[name] = [f"its state could not be read ({e})"]
@@ -196,12 +184,12 @@ _STOP_RANK0 = 'systemctl stop "$u"'
 # ranks >= 1: without rank 0 they cannot finish a graceful shutdown (SGLang waits
 # for rank 0's broadcast); a running one gets NONZERO_STOP_GRACE_S, then SIGKILL
 _STOP_NONZERO = (
-    'i=0; while [ "$(systemctl show -p SubState --value "$u")" = running ] && [ $i -lt {ticks} ]; do '
+    f'i=0; while [ "$(systemctl show -p SubState --value "$u")" = running ] && [ $i -lt {NONZERO_STOP_GRACE_S * 5} ]; do '
     "sleep 0.2; i=$((i+1)); done; "
     'if [ "$(systemctl show -p SubState --value "$u")" = running ]; then '
-    'echo "still running {grace} s after rank 0 stopped: SIGKILL"; systemctl kill -s SIGKILL "$u"; fi; '
+    f'echo "still running {NONZERO_STOP_GRACE_S} s after rank 0 stopped: SIGKILL"; systemctl kill -s SIGKILL "$u"; fi; '
     'systemctl stop "$u"'
-).format(ticks=NONZERO_STOP_GRACE_S * 5, grace=NONZERO_STOP_GRACE_S)
+)
 _START = (
     'systemctl reset-failed "$u" 2>/dev/null; systemctl start "$u" && '
     'echo "baseline: $(systemctl show -p InvocationID --value "$u"):$(systemctl show -p NRestarts --value "$u")"'
@@ -234,11 +222,12 @@ def _group_restart(state, host, spec) -> bool:
         for line in lines:
             if line.startswith("baseline: "):
                 _run().baselines[host.name] = line.split(" ", 1)[1]
-        RESTARTED_THIS_RUN.add(host.name)
+        mark_restarted(state, host)
         return True
     except GroupError as e:
         abort(spec, str(e))
         host.log_styled(f"service: node group {label}: {e}", fg="red", log_func=logger.error)
+        record_failure(state, host, f"service: node group {label}: {e}")
         return False
 
 
@@ -289,11 +278,9 @@ def group_restarted(spec, rendered: Rendered):
                + "; ".join(parts))
     plan(message)
     report(f"service: {message}")
-    stamp = json.dumps(wanted_stamp(spec, rendered), sort_keys=True)
+    stamp = wanted_stamp(spec, rendered)
     yield FunctionCommand(_group_restart, (spec,), {})
-    yield StringCommand("install -d -m 700", STATE_DIR)  # stamps hold digests of secret files: root only
-    yield FileUploadCommand(StringIO(stamp + "\n"), stamp_path(spec) + ".tmp")
-    yield StringCommand("mv -f", QuoteString(stamp_path(spec) + ".tmp"), QuoteString(stamp_path(spec)))
+    yield from stamp_written(stamp_path(spec), stamp)
 
 
 # --- readiness -------------------------------------------------------------------
@@ -324,7 +311,7 @@ def _group_wait(state, host, spec) -> bool:
     key = spec.group_key
     label = spec.group_label
     names = members(spec)
-    baseline = run.baselines.get(host.name) if host.name in RESTARTED_THIS_RUN else None
+    baseline = run.baselines.get(host.name) if restarted_this_run(host.name) else None
     started = time.monotonic()
     last_progress = started
     failed_here = False
@@ -367,6 +354,7 @@ def _group_wait(state, host, spec) -> bool:
     verdict = run.verdicts.get(key)
     if verdict is None:
         host.log_styled(f"readiness: node group {label}: {run.aborted[key]}", fg="red", log_func=logger.error)
+        record_failure(state, host, f"readiness: node group {label}: {run.aborted[key]}")
         return False
     if verdict.ready and not failed_here:
         if host.name != verdict.host_name:
@@ -376,13 +364,15 @@ def _group_wait(state, host, spec) -> bool:
     if host.name != verdict.host_name and not verdict.ready:
         host.log_styled(f"readiness: node group {label} failed at rank {verdict.rank} ({verdict.host_name}): "
                         f"{verdict.cause}", fg="red", log_func=logger.error)
+    record_failure(state, host, f"readiness: node group {label} failed at rank {verdict.rank} "
+                                f"({verdict.host_name}): {verdict.cause}")
     return False
 
 
 def _rank_ready(spec) -> bool:
     """This rank needs no wait: not restarted by this run, nothing pending,
     unit running, and at rank 0 /health answers 200."""
-    if host.name in RESTARTED_THIS_RUN:
+    if restarted_this_run(host.name):
         return False
     if rank_restart_reasons(spec, render(spec)):
         return False
@@ -425,3 +415,19 @@ def group_ready(spec):
     else:
         plan(f"watch {spec.unit_name} (rank {spec.node_rank} of node group {label}) until rank 0 is ready")
     yield FunctionCommand(_group_wait, (spec,), {})
+
+
+@deploy("Service (node group)")
+def group_service(spec: Spec) -> None:
+    """The rank's unit, env and options files; every rank restarts together when any must."""
+    rendered = render(spec)
+    server_args_accepted(spec=spec, rendered=rendered, name="SGLang parser accepts the command line")
+    server_files(spec, rendered)
+    group_restarted(spec=spec, rendered=rendered,
+                    name=f"{spec.unit_name} running the wanted config (node group {spec.group_label})")
+
+
+@deploy("Readiness (node group)")
+def group_readiness(spec: Spec) -> None:
+    """The group is ready at rank 0 while every rank stays active, or it fails as a whole."""
+    group_ready(spec=spec, name=f"node group {spec.group_label} ready at rank 0")

@@ -15,7 +15,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
@@ -27,14 +27,13 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormats
 from facts.model_dir import ModelConfig
 from facts.venv import ExactPins, VenvPackages, venv_python
-from tasks._common import fail_command, plan
+from core.ops import explaining_line, fail_command, plan, record_failure
+from core.paths import CACHE_DIR
 from tasks.spec import COMPRESSED_TENSORS_FORMATS
-
-CACHE_DIR = "/var/cache/sglang-converge"
 PACKAGE = "compressed-tensors"
 
 
-def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit: list[str] = ()) -> list[str]:
+def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit: list[str] | tuple[str, ...] = ()) -> list[str]:
     """Constraint lines for the upgrade: the held packages at their installed
     versions, the settings' own pinned packages (the python_env step would
     only put them back), and the exact pins the held packages declare on
@@ -63,7 +62,7 @@ def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit:
     return lines
 
 
-@lru_cache(maxsize=None)
+@cache
 def hub_config(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict:
     """config.json of a pinned revision, from the Hub (for the plan before the download)."""
     from huggingface_hub import hf_hub_download
@@ -162,6 +161,7 @@ def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[s
         tail = [line for line in out.stdout_lines if line.strip()][-6:]
         for line in tail:
             host.log_styled(f"quant deps: {line}", fg="red", log_func=logger.error)
+        record_failure(state, host, f"quant deps: pip install {requirement} failed: {explaining_line(tail)}", tail)
         return False
     _ok, after = _run(host, f"{pip} check 2>&1")
     old = {line.strip() for line in before.stdout_lines if line.strip()}
@@ -172,7 +172,7 @@ def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[s
     for line in new:
         match = _PIP_CHECK_RE.match(line)
         package = canonicalize_name(match.group("pkg")) if match else ""
-        if package in allowed:
+        if match and package in allowed:
             host.log(f"quant deps: WARNING: {line} (allowed: compressed_tensors_allow_conflicts "
                      f"includes {match.group('pkg')}; the model needs {need})", logger.warning)
         else:
@@ -187,6 +187,7 @@ def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[s
             host.log_styled(f"quant deps: the upgrade broke a pin: {line}; the model needs {need}. "
                             f"Allow it with compressed_tensors_allow_conflicts, or remove that package.",
                             fg="red", log_func=logger.error)
+        record_failure(state, host, f"quant deps: the upgrade broke a pin: {fatal[0]}; the model needs {need}", fatal)
         return False
     host.log(f"quant deps: {PACKAGE} is now {version.stdout.strip()}", logger.warning)
     return True

@@ -4,32 +4,29 @@ On the host (no firewall between the deploy and the port): the unit must stay
 active, /health must answer 200 and /v1/models must list the served name. A
 failing unit is reported within a second with the journal lines that explain
 it. A server already ready, with nothing changed, is a no-op. A multi-node TP
-group is judged as one, at rank 0 (tasks/multinode.py: group_ready).
+group is judged as one, at rank 0 (tasks/multinode.py). Once ready, the time
+from the (re)start to ready is kept on the run state for the rollout's summary.
 """
 
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
+from core.ops import plan, stream
+from core.render import render
+from core.runstate import run_state
+from core.server import WAIT_SCRIPT, local_url, restarted_this_run
+from core.stamps import restart_reasons
 from facts.http import HttpStatus
 from facts.systemd import SystemdUnitState
-from tasks._common import _stream, plan
-from tasks.service import RESTARTED_THIS_RUN, render, restart_reasons
-from tasks.spec import local_http_url
-
-WAIT_SCRIPT = Path(__file__).resolve().parent.parent / "remote" / "wait_ready.py"
-
-
-def local_url(spec) -> str:
-    return local_http_url(spec.listen_host, spec.listen_port)
+from tasks.spec import Spec
 
 
 @operation()
-def server_ready(spec):
+def server_ready(spec: Spec):
     """
     Wait on the host until the server is ready (bounded by the spec's
     readiness timeout), failing fast with the journal when the unit fails.
@@ -39,7 +36,7 @@ def server_ready(spec):
         server_ready(spec=spec)
     """
     url = local_url(spec)
-    if host.name not in RESTARTED_THIS_RUN:
+    if not restarted_this_run(host.name):
         pending = restart_reasons(spec, render(spec))
         unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
         if not pending and unit.running and host.get_fact(HttpStatus, url=url + "/health") == 200:
@@ -55,15 +52,57 @@ def server_ready(spec):
     if spec.server_options:
         args += ["--options-file", spec.options_path]
     command = " ".join(shlex.quote(arg) for arg in args)
-    yield FunctionCommand(_stream, (command, int(spec.readiness_timeout_s) + 60), {})
+    yield FunctionCommand(stream, (command, int(spec.readiness_timeout_s) + 60), {"step": "readiness"})
+
+
+_ELAPSED_PY = (
+    "import subprocess, sys, time\n"
+    "out = subprocess.run(['systemctl', 'show', '-p', 'ExecMainStartTimestampMonotonic', '--value', sys.argv[1]],"
+    " capture_output=True, text=True).stdout.strip()\n"
+    "print('%.3f' % (time.monotonic() - int(out or 0) / 1e6) if out and out != '0' else '')\n"
+)
+
+
+def elapsed_command(python: str, unit: str) -> str:
+    return " ".join(shlex.quote(part) for part in (python, "-c", _ELAPSED_PY, unit))
+
+
+def _record(state, host, python: str, unit: str) -> bool:
+    if host.name not in run_state(state).restarted:
+        return True
+    ok, output = host.run_shell_command(StringCommand(elapsed_command(python, unit)), print_output=False,
+                                        print_input=False)
+    text = "".join(output.stdout_lines).strip() if ok else ""
+    try:
+        run_state(state).ready_s[host.name] = float(text)
+    except ValueError:
+        pass
+    return True
+
+
+@operation()
+def ready_recorded(spec: Spec):
+    """
+    Record how long the server took from its (re)start to ready (only when
+    this run restarted it; the readiness step ran just before).
+
+    .. code:: python
+
+        ready_recorded(spec=spec)
+    """
+    if not restarted_this_run(host.name):  # filled while executing: while preparing, nothing is shown
+        host.noop("no restart this run: nothing to record")
+        return
+    yield FunctionCommand(_record, (spec.venv_python, spec.unit_name), {})
 
 
 @deploy("Readiness")
-def readiness(spec):
+def readiness(spec: Spec) -> None:
     """The server is ready, or the deploy fails with the reason."""
-    if spec.is_multinode:  # judged at rank 0 for the whole TP group (tasks/multinode.py)
-        from tasks.multinode import group_ready
-
-        group_ready(spec=spec, name=f"node group {spec.group_label} ready at rank 0")
-        return
     server_ready(spec=spec, name=f"{spec.unit_name} ready")
+
+
+@deploy("Time to ready")
+def time_to_ready(spec: Spec) -> None:
+    """How long the server took from its (re)start to ready, kept for the rollout's summary."""
+    ready_recorded(spec=spec, name="time to ready recorded")

@@ -6,7 +6,8 @@ then runs deploy.py. ``config.py`` wraps that ``State.init`` so the whole
 targeted inventory is validated right after it: a bad value stops the run
 before the first ssh connection, and an unreachable host does not hide it
 behind a connection error. deploy.py validates again through the same
-memoized ``validate_inventory`` (no-op here) for pyinfra API users.
+``validate_inventory``, which keeps its result on the inventory object (a
+no-op there), for pyinfra API users.
 
     # config.py
     from pyinfra.context import ctx_state
@@ -19,9 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.paths import REPO_ROOT
 from tasks.spec import validate_inventory
 
-DEPLOY_FILE = Path(__file__).resolve().parent.parent / "deploy.py"
+DEPLOY_FILE = REPO_ROOT / "deploy.py"
 
 
 def runs_this_deploy(argv: list[str]) -> bool:

@@ -15,7 +15,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from facts.gpu import GpuComputeProcesses, GpuProcess, NvidiaGpus
-from tasks._common import fail_command, plan
+from core.ops import fail_command, plan, record_failure
 
 MIB = 1024 * 1024
 
@@ -50,6 +50,7 @@ def _stop(state, host, units: list[str], pids: list[int], grace_s: float, wait_s
         if not ok:
             host.log_styled(f"stale GPU processes: systemctl stop {unit} failed: {out.stderr}", fg="red",
                             log_func=logger.error)
+            record_failure(state, host, f"stale GPU processes: systemctl stop {unit} failed: {out.stderr}")
             return False
     if pids:
         listed = " ".join(str(pid) for pid in pids)
@@ -81,6 +82,8 @@ def _stop(state, host, units: list[str], pids: list[int], grace_s: float, wait_s
                 pid = int(line.split(",")[0])
                 host.log_styled(f"stale GPU processes: still held after {wait_s:.0f} s: {names[pid]}", fg="red",
                                 log_func=logger.error)
+            record_failure(state, host, f"stale GPU processes: still held after {wait_s:.0f} s: "
+                                        f"{names[int(holding[0].split(',')[0])]}", holding)
             return False
         time.sleep(0.2)
 
@@ -119,12 +122,12 @@ def stale_gpu_processes_stopped(
         plan("stale GPU processes ignored (stale_policy = 'ignore'): " + "; ".join(lines))
         host.noop("stale GPU processes ignored: " + "; ".join(lines))
         return
-    protect_units = set(protect_units or [])
-    protect_names = set(protect_process_names or [])
+    units_protected = set(protect_units or [])
+    names_protected = set(protect_process_names or [])
     protected = [
         describe(process, gpu)
         for process, gpu in stale
-        if process.unit in protect_units or os.path.basename(process.process_name) in protect_names
+        if process.unit in units_protected or os.path.basename(process.process_name) in names_protected
     ]
     if protected or policy == "fail":
         why = "protected (protect_units / protect_process_names)" if protected else "stale_policy = 'fail'"

@@ -96,7 +96,7 @@ def summary(output: str) -> dict[str, dict[str, str]]:
     for line in output.splitlines():
         cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
         if len(cells) == 7 and re.fullmatch(r"sgc\d+", cells[0]):
-            rows[cells[0]] = dict(zip(("batch", "result", "changed", "restarted", "ready", "error"), cells[1:]))
+            rows[cells[0]] = dict(zip(("batch", "result", "changed", "restarted", "ready", "error"), cells[1:], strict=False))
         elif len(cells) == 7 and not cells[0] and rows:  # a wrapped error cell
             last = rows[list(rows)[-1]]
             last["error"] = (last["error"] + " " + cells[6]).strip()

@@ -3,7 +3,7 @@
 
 import os
 
-from tasks.python_env import pip_bootstrapped, venv
+from core.venv_ops import pip_bootstrapped, venv
 
 PATH = os.environ["SGC_VENV"]
 

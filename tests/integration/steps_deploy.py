@@ -1,4 +1,5 @@
-"""deploy.py's steps, only those named in $SGC_STEPS (comma-separated), in deploy.py's order.
+"""deploy.py's server steps, only those named in $SGC_STEPS (comma-separated), in the
+pipeline's order (tasks/pipeline.py).
 
 For the per-step integration test: converge step by step and check each one
 is idempotent on its own.
@@ -8,22 +9,15 @@ import os
 
 from pyinfra import host, inventory
 
-from tasks import model, preflight, python_env, quant_deps, readiness, service, stale_gpu
-from tasks.spec import host_spec, validate_inventory
-
-ORDER = {
-    "preflight": preflight.preflight,
-    "python_env": python_env.python_env,
-    "model": model.model,
-    "quant_deps": quant_deps.quant_deps,
-    "stale_gpu": stale_gpu.stale_gpu,
-    "service": service.service,
-    "readiness": readiness.readiness,
-}
+from core.checks import resolved_spec
+from tasks.pipeline import SERVER_PIPELINE
+from tasks.spec import Spec, host_spec, validate_inventory
 
 validate_inventory(inventory)
-spec = preflight.resolved_spec(host_spec(host))
+spec = host_spec(host)
+assert isinstance(spec, Spec), "the step test deploys servers only"
+spec = resolved_spec(spec)
 wanted = os.environ["SGC_STEPS"].split(",")
-for name, step in ORDER.items():
-    if name in wanted:
+for step in SERVER_PIPELINE:
+    if step.__name__ in wanted:
         step(spec)

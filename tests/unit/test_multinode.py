@@ -25,7 +25,9 @@ from pyinfra_testing.util import create_host
 from facts.model_dir import ModelDir
 from facts.systemd import UnitState
 from tasks import multinode as M
-from tasks import service
+from core.render import packages_digest, render
+from core import stamps
+from core.runstate import run_state
 from tasks import spec as S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +90,6 @@ def group():
     inventory = SimpleNamespace(get_host=lambda name, default=None: {h.name: h for h in hosts}.get(name, default))
     for h in hosts:
         h.inventory = inventory
-    M.RESTARTED_THIS_RUN.difference_update({"g0", "g1"})
 
     def run(fn, timeout=20):
         def one(rank):
@@ -103,7 +104,6 @@ def group():
         return [g.value for g in greenlets]
 
     yield SimpleNamespace(hosts=hosts, state=state, run=run)
-    M.RESTARTED_THIS_RUN.difference_update({"g0", "g1"})
 
 
 # ---------------------------------------------------------------- meet()
@@ -175,7 +175,7 @@ def test_restart_stops_rank0_first_then_the_others_then_starts_all(group):
     assert results == [True, True]
     assert events[0] == ("stop", "g0") and events[1] == ("stop", "g1")
     assert {e for e in events[2:]} == {("start", "g0"), ("start", "g1")}
-    assert M.RESTARTED_THIS_RUN >= {"g0", "g1"}
+    assert run_state(group.state).restarted >= {"g0", "g1"}
     with ctx_state.use(group.state):
         assert M._run().baselines == {"g0": "inv-g0:0", "g1": "inv-g1:0"}
     # rank 1 gets SIGKILL only if it still runs NONZERO_STOP_GRACE_S after rank 0 stopped
@@ -256,7 +256,7 @@ def test_a_check_that_cannot_run_is_that_ranks_failure(group):
 
 
 def test_restarted_rank_waits_from_the_baseline_of_its_start(group):
-    M.RESTARTED_THIS_RUN.update({"g0", "g1"})
+    run_state(group.state).restarted.update({"g0", "g1"})
     group.hosts[0].script = slices((True, ["ready: sglang.service serves tiny at http://x (1.0 s to ready, pid 7)"]))
     group.hosts[1].script = slices((False, ["pending: active/running"]))
     with ctx_state.use(group.state):
@@ -363,14 +363,14 @@ def rank_facts(spec, stamp: str | None, sub_state="running", restarts=0, health=
                      unit_file_state="enabled", fragment_path=spec.unit_path, restarts=restarts,
                      invocation_id="x", started_monotonic_us=1)
     return {"systemd.SystemdUnitState": {f"unit={spec.unit_name}": unit},
-            "files.FileText": {f"path={service.stamp_path(spec)}": stamp},
+            "files.FileText": {f"path={stamps.stamp_path(spec)}": stamp},
             "venv.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
             "model_dir.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)},
             "http.HttpStatus": {"url=http://127.0.0.1:30000/health": health}}
 
 
 def stamp(spec) -> str:
-    return json.dumps({**service.render(spec).digests(), "packages": service.packages_digest({"sglang": "0.5.23"}),
+    return json.dumps({**render(spec).digests(), "packages": packages_digest({"sglang": "0.5.23"}),
                        "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION})
 
 
@@ -378,9 +378,9 @@ def run_ops(op, facts_by_rank, make_kwargs):
     """Run ``op`` for both ranks at once (executing, as pyinfra does): [(host, commands)]."""
     state = TestingState()
     state.is_executing = True
-    hosts = [create_host(state, name=name, facts=facts) for name, facts in zip(NAMES, facts_by_rank)]
+    hosts = [create_host(state, name=name, facts=facts) for name, facts in zip(NAMES, facts_by_rank, strict=True)]
     inventory = SimpleNamespace(get_host=lambda name, default=None: {h.name: h for h in hosts}.get(name, default))
-    for name, h in zip(NAMES, hosts):
+    for name, h in zip(NAMES, hosts, strict=True):
         h.name = name  # create_host() reuses its `name` argument as a loop variable
         h.inventory, h.executing_op_hash = inventory, "op"
     state.active_hosts, state.failed_hosts = set(hosts), set()
@@ -393,7 +393,7 @@ def run_ops(op, facts_by_rank, make_kwargs):
         M._run().members["tp16"] = list(NAMES)
         greenlets = [gevent.spawn(one, rank) for rank in range(2)]
         gevent.joinall(greenlets, timeout=10, raise_error=True)
-    return [(h, g.value) for h, g in zip(hosts, greenlets)]
+    return [(h, g.value) for h, g in zip(hosts, greenlets, strict=True)]
 
 
 def functions(commands) -> list[str]:
@@ -402,7 +402,7 @@ def functions(commands) -> list[str]:
 
 def restart_kwargs(rank):
     spec = group_spec(NAMES[rank])
-    return {"spec": spec, "rendered": service.render(spec)}
+    return {"spec": spec, "rendered": render(spec)}
 
 
 def test_group_running_as_wanted_restarts_nothing():
@@ -415,7 +415,6 @@ def test_group_running_as_wanted_restarts_nothing():
 
 def test_one_rank_due_for_a_restart_restarts_the_whole_group():
     specs = [group_spec(n) for n in NAMES]
-    M.RESTARTED_THIS_RUN.difference_update(NAMES)
     results = run_ops(M.group_restarted, [rank_facts(specs[0], stamp(specs[0])), rank_facts(specs[1], None)],
                       restart_kwargs)
     assert [functions(commands) for _, commands in results] == [["_group_restart"], ["_group_restart"]]
@@ -426,7 +425,7 @@ def test_a_rank_that_crashed_since_it_was_started_restarts_the_group():
     facts = [rank_facts(specs[0], stamp(specs[0])), rank_facts(specs[1], stamp(specs[1]), restarts=2)]
     state = TestingState()
     with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts[1])):
-        reasons = M.rank_restart_reasons(specs[1], service.render(specs[1]))
+        reasons = M.rank_restart_reasons(specs[1], render(specs[1]))
     assert reasons == ["sglang.service crashed since it was started (systemd restarted it 2 time(s), now running)"]
     results = run_ops(M.group_restarted, facts, restart_kwargs)
     assert [functions(commands) for _, commands in results] == [["_group_restart"], ["_group_restart"]]
@@ -434,7 +433,6 @@ def test_a_rank_that_crashed_since_it_was_started_restarts_the_group():
 
 def test_ready_group_is_a_no_op_and_a_loading_rank0_makes_every_rank_wait():
     specs = [group_spec(n) for n in NAMES]
-    M.RESTARTED_THIS_RUN.difference_update(NAMES)
     results = run_ops(M.group_ready, [rank_facts(s, stamp(s)) for s in specs], lambda rank: {"spec": specs[rank]})
     assert [commands for _, commands in results] == [[], []]
     assert results[0][0].noop_description == (

@@ -12,12 +12,17 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 from pyinfra.api import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 from rich.console import Console
 
+from core.checks import driver_problems
+from core.ops import explaining_line
+from core.runstate import run_state
 from rollout import driver
 from rollout.__main__ import parse_args
 from rollout.driver import HostResult, RolloutReport, plan_batches, select_hosts, summary_table
@@ -96,19 +101,21 @@ def test_summary_table():
     assert rows["c"] == ["c", "2", "not run", "-", "-", "-", ""]
 
 
-def test_explain_picks_the_cause():
+def test_the_explaining_line_is_the_cause():
     lines = ["Error: executed 0/1 commands", "waiting: 5 s", "FAILED: sglang.service is failed/failed",
              "cause: RuntimeError: CUDA error: invalid device ordinal", "journal:"]
-    assert driver._explain(lines) == "cause: RuntimeError: CUDA error: invalid device ordinal"
-    assert driver._explain(["Error", "something broke"]) == "something broke"
-    assert driver._explain([]) == ""
+    assert explaining_line(lines) == "cause: RuntimeError: CUDA error: invalid device ordinal"
+    assert explaining_line(["Error", "something broke"]) == "something broke"
+    assert explaining_line([]) == ""
 
 
-def test_collect_strips_styles_and_splits_by_host():
-    store: dict[str, list[str]] = {}
-    driver._collect(store, "\x1b[1m[sgc11] \x1b[0m\x1b[31mcause: boom\x1b[0m")
-    driver._collect(store, "no host prefix")
-    assert store == {"sgc11": ["cause: boom"]}
+def test_the_rollout_reads_the_reason_the_step_recorded_not_log_text():
+    state, host = SimpleNamespace(get_op_order=lambda: []), SimpleNamespace(name="sgc11")
+    assert driver.failure_reason(state, host, None) == "failed"  # positive control: nothing recorded
+    run_state(state).fail("sgc11", "readiness", "cause: RuntimeError: boom", ["journal line"])
+    run_state(state).fail("sgc11", "router", "a later, consequential failure")
+    assert driver.failure_reason(state, host, "sglang.service ready") == "cause: RuntimeError: boom"
+    assert run_state(state).first_failure("sgc11").detail == ("journal line",)
 
 
 class _Gpu:
@@ -120,7 +127,7 @@ def test_driver_problems(wanted, problems):
     class Spec:
         min_driver_version = wanted
 
-    assert len(driver.driver_problems(Spec(), [_Gpu()])) == problems
+    assert len(driver_problems(Spec(), [_Gpu()])) == problems
 
 
 def test_cli_arguments():
@@ -327,7 +334,7 @@ def test_router_client_skips_unready_workers(fake_router):
 
 
 def test_router_unit_and_argv():
-    from tasks.router import render_router_unit
+    from core.render import render_router_unit
     from tasks.spec import build_spec
 
     spec = build_spec("r1", {"role": "router", "router_url": "http://10.0.0.9:30000", "model": "ignored",
@@ -343,7 +350,7 @@ def test_router_unit_and_argv():
 
 
 def test_keyed_router_unit_runs_the_launcher_and_holds_no_key():
-    from tasks.router import render_router_unit
+    from core.render import render_router_unit
     from tasks.spec import ROUTER_LAUNCHER, build_spec
 
     spec = build_spec("r1", {"role": "router", "router_url": "http://10.0.0.9:30000"},

@@ -16,6 +16,9 @@ from facts.gpu import Gpu
 from facts.model_dir import ModelDir
 from facts.ports import PortHolder
 from facts.systemd import UnitState
+from core import checks, disk as disk_check
+from core.render import packages_digest, render, systemd_quote
+from core.stamps import restart_reasons, stamp_path
 from tasks import model, preflight, quant_deps, service
 from tasks.spec import build_spec
 
@@ -41,7 +44,7 @@ def gpus(count=8, used=0):
 def run(op, facts, **kwargs):
     state = FakeState()
     host = create_host(state, facts=facts)
-    with ctx_state.use(state), ctx_host.use(host), patch.object(model, "hub_files", return_value=HUB_FILES):
+    with ctx_state.use(state), ctx_host.use(host), patch.object(disk_check, "hub_files", return_value=HUB_FILES):
         commands = list(op._inner(**kwargs))
     return host, commands
 
@@ -108,8 +111,8 @@ def test_preflight_fails_rank0_when_the_rendezvous_port_is_taken():
 
 def test_preflight_checks_the_rendezvous_port_only_on_rank0():
     rank1 = sandbox_spec(nnodes=2, node_rank=1, tp_size=16, dist_init_addr="10.77.20.2:20000")
-    assert preflight.rendezvous_port(rank1) is None and preflight.rendezvous_port(sandbox_spec()) is None
-    assert preflight.rendezvous_port(rank0_spec()) == 20000
+    assert checks.rendezvous_port(rank1) is None and checks.rendezvous_port(sandbox_spec()) is None
+    assert checks.rendezvous_port(rank0_spec()) == 20000
 
 
 # --- model ------------------------------------------------------------------------
@@ -131,7 +134,7 @@ def test_model_refuses_with_both_numbers_when_it_does_not_fit():
     _host, commands = run(model.model_downloaded, facts, **model_kwargs(sandbox_spec()))
     message = failure(commands)
     assert "need 0.038 GB (38.0 MB) more" in message and "/srv/models has 0.030 GB (30.0 MB) free" in message
-    assert "Nothing was downloaded" in message
+    assert "nothing was downloaded" in message
 
 
 def test_model_downloads_only_what_is_missing_in_a_transient_unit():
@@ -203,7 +206,7 @@ def service_facts(spec, stamp, active="active"):
             "unit_file_state": "enabled", "fragment_path": spec.unit_path, "restarts": 0, "invocation_id": "x",
             "started_monotonic_us": 1, "need_daemon_reload": False}
     return {"systemd.SystemdUnitState": {f"unit={spec.unit_name}": UnitState(**unit)},
-            "files.FileText": {f"path={service.stamp_path(spec)}": stamp},
+            "files.FileText": {f"path={stamp_path(spec)}": stamp},
             "venv.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
             "model_dir.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)}}
 
@@ -211,15 +214,15 @@ def service_facts(spec, stamp, active="active"):
 def stamp_for(spec):
     import json
 
-    rendered = service.render(spec)
-    return json.dumps({**rendered.digests(), "packages": service.packages_digest({"sglang": "0.5.23"}),
+    rendered = render(spec)
+    return json.dumps({**rendered.digests(), "packages": packages_digest({"sglang": "0.5.23"}),
                        "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION})
 
 
 def test_a_server_running_what_it_should_is_not_restarted():
     spec = sandbox_spec()
     host, commands = run(service.server_restarted, service_facts(spec, stamp_for(spec)), spec=spec,
-                         rendered=service.render(spec))
+                         rendered=render(spec))
     assert commands == [] and host.noop_description == "sglang.service runs as wanted: no restart"
 
 
@@ -227,14 +230,14 @@ def test_a_changed_environment_restarts_and_says_why():
     spec = sandbox_spec()
     changed = sandbox_spec(extra_env={"PYTHONPATH": "/usr/local/lib/sandbox-gpu", "NCCL_DEBUG": "INFO"})
     facts = service_facts(changed, stamp_for(spec))
-    _host, commands = run(service.server_restarted, facts, spec=changed, rendered=service.render(changed))
+    _host, commands = run(service.server_restarted, facts, spec=changed, rendered=render(changed))
     assert [c.function.__name__ for c in commands if isinstance(c, FunctionCommand)] == ["_restart"]
     state = FakeState()
     with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)):
-        assert service.restart_reasons(changed, service.render(changed)) == ["environment file changed"]
+        assert restart_reasons(changed, render(changed)) == ["environment file changed"]
 
 
 @pytest.mark.parametrize("arg, quoted", [("/opt/a b/python", '"/opt/a b/python"'), ("50%", "50%%"),
                                           ("$HOME", '"$$HOME"'), ("--port", "--port")])
 def test_exec_start_words_are_quoted_for_systemd(arg, quoted):
-    assert service.systemd_quote(arg) == quoted
+    assert systemd_quote(arg) == quoted

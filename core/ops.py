@@ -1,6 +1,6 @@
-"""Pieces every step shares: plan lines, failing with a reason, streaming a
-remote command's output to the operator, and files written atomically with
-secrets masked in diffs.
+"""Pieces every step shares: plan lines, failing with a reason (recorded on
+the run state, core/runstate.py), streaming a remote command's output to the
+operator, and files written atomically with secrets masked in diffs.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.context import state
 
+from core.paths import GB
+from core.runstate import run_state
 from facts.files import FileDigest, FileText
 
 MASK = "********"
-
-GB = 1000**3
+# lines that say why a host failed, best first (remote scripts and steps print them)
+_CAUSE_PREFIXES = ("cause:", "FAILED:", "VERIFY FAILED:", "preflight:", "service:", "router:", "model:", "readiness:")
 
 
 def gb(nbytes: int | float) -> str:
@@ -50,9 +52,31 @@ def report(message: str) -> None:
         logger.warning(f"{host.print_prefix}{message}")
 
 
+def step_of(message: str) -> str:
+    """The step a message is about, from its "step: ..." prefix ("" when it has none)."""
+    head = message.split(":", 1)[0]
+    return head if head != message and " " not in head.strip() else ""
+
+
+def explaining_line(lines: list[str]) -> str:
+    """The line of a failure's output that says why."""
+    lines = [line.strip() for line in lines if line.strip()]
+    for prefix in _CAUSE_PREFIXES:
+        for line in lines:
+            if line.startswith(prefix):
+                return line
+    return lines[-1] if lines else ""
+
+
+def record_failure(state, host, cause: str, lines: list[str] | tuple[str, ...] = (), step: str = "") -> None:
+    """Remember why ``host`` failed on the run state (the rollout reads it there)."""
+    run_state(state).fail(host.name, step or step_of(cause) or "deploy", cause, tuple(lines))
+
+
 def _fail(state, host, message: str) -> bool:
     for line in message.splitlines():
         host.log_styled(line, fg="red", log_func=logger.error)
+    record_failure(state, host, message.splitlines()[0] if message else "failed", message.splitlines())
     return False
 
 
@@ -65,18 +89,22 @@ def fail_command(message: str) -> FunctionCommand:
     return FunctionCommand(_fail, (message,), {})
 
 
-def _stream(state, host, command: str, timeout: int | None) -> bool:
+def stream(state, host, command: str, timeout: int | None, step: str = "") -> bool:
     """FunctionCommand body: run ``command``, printing its output lines as they come.
 
     pyinfra shows a command's output only with -v; progress and the journal
-    lines of a failure must reach the operator at any verbosity.
+    lines of a failure must reach the operator at any verbosity. A failure is
+    recorded with the line that explains it.
     """
-    ok, _output = host.run_shell_command(
+    ok, output = host.run_shell_command(
         StringCommand(command),
         print_output=True,
         print_input=False,
         _timeout=timeout,
     )
+    if not ok:
+        lines = list(output.stdout_lines) + list(output.stderr_lines)
+        record_failure(state, host, explaining_line(lines) or f"command failed: {command[:80]}", lines, step)
     return ok
 
 

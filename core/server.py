@@ -1,0 +1,142 @@
+"""What the server's steps share: its files on the host, the unit loaded and
+enabled, SGLang's own parser checking a new command line before a restart,
+the local URL it serves on, and "restarted this run" on the run state.
+
+    server_files(spec, rendered)             # options, env and unit file, unit enabled
+    server_args_accepted(spec=spec, rendered=rendered)
+"""
+
+from __future__ import annotations
+
+import shlex
+from io import StringIO
+from typing import TYPE_CHECKING
+
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
+
+from core.ops import managed_file, plan, record_failure
+from core.paths import REMOTE_SRC_DIR
+from core.render import Rendered
+from core.runstate import run_state
+from core.stamps import restart_reasons
+from facts.systemd import SystemdUnitState
+from facts.venv import VenvPackages
+from tasks.spec import local_http_url
+
+if TYPE_CHECKING:
+    from tasks.spec import Spec
+
+WAIT_SCRIPT = REMOTE_SRC_DIR / "wait_ready.py"  # run on the host by the readiness steps
+
+
+def local_url(spec: Spec) -> str:
+    """Where the server answers on its own host."""
+    return local_http_url(spec.listen_host, spec.listen_port)
+
+
+def restarted_this_run(host_name: str) -> bool:
+    """This run (re)started the host's server (or router): readiness must wait, not trust a stale 200."""
+    return host_name in run_state().restarted
+
+
+def mark_restarted(state, host) -> bool:
+    """FunctionCommand body: record that this run (re)started the host's server."""
+    run_state(state).restarted.add(host.name)
+    return True
+
+
+def server_files(spec: Spec, rendered: Rendered) -> None:
+    """The options, env and unit files (root-only where they hold the key); the unit loaded and enabled."""
+    secrets = [spec.api_key.get_secret_value()] if spec.api_key else []
+    managed_file(dest=spec.options_path, content=rendered.options, mode="600", secrets=secrets,
+                 name=f"options file {spec.options_path}")
+    managed_file(dest=spec.env_path, content=rendered.env, mode="600", secrets=secrets,
+                 name=f"environment file {spec.env_path}")
+    managed_file(dest=spec.unit_path, content=rendered.unit, mode="644", secrets=secrets,
+                 name=f"unit file {spec.unit_path}")
+    unit_installed(unit=spec.unit_name, name=f"{spec.unit_name} loaded and enabled")
+
+
+def _check_args(state, host, command: str, shown: str) -> bool:
+    ok, output = host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
+    if ok:
+        host.log(f"service: SGLang's parser accepts {shown}", logger.warning)
+        return True
+    lines = [line for line in output.stderr_lines if line.strip()] or output.stdout_lines
+    reason = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "?")
+    host.log_styled(f"service: SGLang's parser rejects the new command line: {reason}", fg="red",
+                    log_func=logger.error)
+    record_failure(state, host, f"service: SGLang's parser rejects the new command line: {reason}", lines)
+    host.log_styled("service: nothing was changed; the running server (if any) keeps serving", fg="red",
+                    log_func=logger.error)
+    return False
+
+
+_PARSE_PY = (
+    "import sys\n"
+    "try:\n"
+    "    from sglang.srt.server_args import prepare_server_args\n"
+    "except ImportError as e:\n"
+    "    print('sglang not importable:', e); sys.exit(0)\n"
+    "prepare_server_args(sys.argv[1:])\n"
+)
+
+
+@operation()
+def server_args_accepted(spec: Spec, rendered: Rendered):
+    """
+    Before a (re)start, check the new command line with the installed SGLang's
+    own parser (``prepare_server_args``), options file included, so a typo in
+    an extra argument stops the deploy and the running server keeps serving.
+
+    .. code:: python
+
+        server_args_accepted(spec=spec, rendered=render(spec))
+    """
+    reasons = restart_reasons(spec, rendered)
+    if not reasons:
+        host.noop("no restart planned: nothing to check")
+        return
+    packages = host.get_fact(VenvPackages, path=spec.venv_path)
+    if "sglang" not in packages:
+        host.noop("sglang is not installed in the venv: its parser cannot check the command line")
+        return
+    argv = list(spec.server_argv[3:])  # after "python -m module"
+    staged = None
+    if "--config" in argv:
+        # SGLang wants a .yaml suffix on --config files
+        staged = spec.options_path.removesuffix(".yaml") + ".sgc-check.yaml"
+        argv[argv.index("--config") + 1] = staged
+        yield StringCommand("install -d -m 755", QuoteString(spec.options_path.rsplit("/", 1)[0]))
+        yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(staged))
+        yield FileUploadCommand(StringIO(rendered.options), staged)
+    command = " ".join(shlex.quote(part) for part in [spec.python_bin, "-c", _PARSE_PY, *argv])
+    if staged:
+        command = f"{command}; rc=$?; rm -f {shlex.quote(staged)}; exit $rc"
+    plan("check the new command line with SGLang's parser (prepare_server_args)")
+    yield FunctionCommand(_check_args, (command, " ".join(spec.server_argv[3:9]) + " ..."), {})
+
+
+@operation()
+def unit_installed(unit: str):
+    """
+    Load the unit file systemd has on disk (daemon-reload only when systemd
+    says it is out of date) and enable the unit at boot.
+
+    .. code:: python
+
+        unit_installed(unit="sglang.service")
+    """
+    state = host.get_fact(SystemdUnitState, unit=unit)
+    changed = False
+    if state.need_daemon_reload or state.load_state != "loaded":
+        plan(f"systemctl daemon-reload ({unit} changed on disk)")
+        yield "systemctl daemon-reload"
+        changed = True
+    if state.unit_file_state != "enabled":
+        plan(f"enable {unit} at boot")
+        yield StringCommand("systemctl enable", QuoteString(unit))
+        changed = True
+    if not changed:
+        host.noop(f"{unit} is loaded and enabled")

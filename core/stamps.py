@@ -1,0 +1,149 @@
+"""Restart stamps: what a server (or router) was last started with.
+
+A stamp is written, root-only, in the state directory right after a
+(re)start: the digests of the unit, env and options files, the venv's
+packages, the model revision (a router: its unit, package and key digest).
+Comparing it with what is wanted now says whether - and why - a restart is
+due, so a run that changed files but failed before restarting still
+restarts the next time. A new input of a step that needs a restart belongs
+in ``wanted_stamp`` (and a reason line in ``restart_reasons``).
+
+    reasons = restart_reasons(spec, render(spec))   # [] when it runs as wanted
+    yield from stamp_written(stamp_path(spec), wanted_stamp(spec, rendered))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from io import StringIO
+from typing import TYPE_CHECKING, Any
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
+
+from core.paths import STATE_DIR
+from core.render import Rendered, packages_digest, sha256
+from facts.files import FileText
+from facts.model_dir import ModelDirState
+from facts.systemd import SystemdUnitState, UnitState
+from facts.venv import VenvPackages
+
+if TYPE_CHECKING:
+    from tasks.spec import Spec
+
+
+def stamp_path(spec: Spec) -> str:
+    return f"{STATE_DIR}/{spec.unit_stem}.json"
+
+
+def router_stamp_path(unit: str) -> str:
+    return f"{STATE_DIR}/{unit.removesuffix('.service')}.json"
+
+
+def read_stamp(path: str) -> dict[str, Any]:
+    """The stamp at ``path`` ({} when there is none or it is unreadable)."""
+    text = host.get_fact(FileText, path=path)
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def stamp_written(path: str, stamp: dict[str, Any]) -> Iterator[StringCommand | FileUploadCommand]:
+    """Commands that write a stamp atomically into the root-only state directory."""
+    text = json.dumps(stamp, sort_keys=True)
+    yield StringCommand("install -d -m 700", STATE_DIR)  # stamps hold digests of secret files: root only
+    yield FileUploadCommand(StringIO(text + "\n"), path + ".tmp")
+    yield StringCommand("mv -f", QuoteString(path + ".tmp"), QuoteString(path))
+
+
+def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
+    """What the running server must have been started with, as of now."""
+    packages = host.get_fact(VenvPackages, path=spec.venv_path)
+    model_dir = host.get_fact(ModelDirState, path=spec.model_dir)
+    marker = model_dir.marker or {}
+    return {
+        **rendered.digests(),
+        "packages": packages_digest(packages),
+        "package_versions": packages,
+        "model_revision": marker.get("revision"),
+    }
+
+
+def _package_changes(before: dict[str, str], now: dict[str, str]) -> str:
+    changed = [f"{name} {before.get(name, '-')} -> {version}"
+               for name, version in sorted(now.items()) if before.get(name) != version]
+    changed += [f"{name} {version} -> -" for name, version in sorted(before.items()) if name not in now]
+    return f" ({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''})" if before else ""
+
+
+def restart_reasons(spec: Spec, rendered: Rendered, unit_state: UnitState | None = None) -> list[str]:
+    """Why the server must be (re)started now; empty when it runs as wanted.
+
+    ``unit_state``: the unit's SystemdUnitState when the caller has it already.
+    """
+    unit = unit_state or host.get_fact(SystemdUnitState, unit=spec.unit_name)
+    started_with = read_stamp(stamp_path(spec))
+    wanted = wanted_stamp(spec, rendered)
+    reasons = []
+    if not unit.running:
+        reasons.append(f"{spec.unit_name} is {unit.active_state if unit.exists else 'not installed'}")
+    for key, what in (("unit", "unit file"), ("env", "environment file"), ("options", "options file")):
+        if started_with.get(key) != wanted[key]:
+            reasons.append(f"{what} changed")
+    if started_with.get("packages") != wanted["packages"]:
+        reasons.append("venv packages changed"
+                       + _package_changes(started_with.get("package_versions", {}), wanted["package_versions"]))
+    if started_with.get("model_revision") != wanted["model_revision"]:
+        reasons.append(f"model revision {str(started_with.get('model_revision'))[:12]} -> "
+                       f"{str(wanted['model_revision'])[:12]}")
+    if not unit.running and len(reasons) > 1 and not started_with:
+        reasons = [reasons[0]]  # first start: the files are new, no need to list them
+    return reasons
+
+
+def package_name(requirement: str) -> str:
+    return canonicalize_name(Requirement(requirement).name)
+
+
+def auth_digest(auth_text: str) -> str | None:
+    return sha256(auth_text) if auth_text else None
+
+
+def unit_running(unit_state: UnitState) -> bool:
+    """UnitState.running, from the fields (fixtures give the fields only)."""
+    return unit_state.active_state in ("active", "activating", "reloading")
+
+
+def wanted_router_stamp(unit_text: str, venv_path: str, package: str, auth_text: str = "") -> dict[str, Any]:
+    started: dict[str, Any] = {"unit": sha256(unit_text),
+                               "package": host.get_fact(VenvPackages, path=venv_path).get(package_name(package))}
+    if auth_text:
+        started["auth"] = auth_digest(auth_text)
+    return started
+
+
+def router_restart_reasons(unit: str, unit_text: str, venv_path: str, package: str, auth_text: str = "",
+                           unit_state: UnitState | None = None) -> list[str]:
+    """Why the router must be (re)started now; empty when it runs as wanted.
+
+    ``unit_state``: the unit's SystemdUnitState when the caller has it already.
+    """
+    state = unit_state or host.get_fact(SystemdUnitState, unit=unit)
+    if not unit_running(state):
+        return [f"{unit} is {state.active_state if state.load_state == 'loaded' else 'not installed'}"]
+    started_with = read_stamp(router_stamp_path(unit))
+    name = package_name(package)
+    version = host.get_fact(VenvPackages, path=venv_path).get(name)
+    reasons = []
+    if started_with.get("unit") != sha256(unit_text):
+        reasons.append("unit file changed")
+    if started_with.get("package") != version:
+        reasons.append(f"{name} {started_with.get('package', '-')} -> {version}")
+    if started_with.get("auth") != auth_digest(auth_text):
+        reasons.append("API key changed")
+    return reasons

@@ -1,0 +1,105 @@
+"""A server behind SGLang's router: out of it before a restart, back in once ready.
+
+A server with ``router_url`` leaves the router before its deploy restarts it
+(DELETE, then wait until the server itself is idle: /v1/loads), and comes
+back once ready (POST, then wait until the router reports it healthy). The
+new command line is checked with SGLang's parser first, so a typo never
+drains a server.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, deploy, operation
+
+from core.ops import fail_command, plan, preparing, stream
+from core.render import render
+from core.router_api import auth_file_written, client_command, register_workers, workers_of
+from core.server import local_url, server_args_accepted
+from core.stamps import restart_reasons
+from facts.router import RouterWorkers
+from tasks.spec import Spec
+
+
+def _drain(state, host, python: str, router_url: str, worker_url: str, local: str, timeout_s: float,
+           auth_file: str | None) -> bool:
+    args = ["drain", "--router", router_url, "--worker", worker_url, "--local", local, "--timeout", str(timeout_s)]
+    if auth_file:
+        args += ["--auth-file", auth_file]
+    return stream(state, host, client_command(python, *args), int(timeout_s) + 60, step="router")
+
+
+@operation()
+def worker_drained(spec: Spec):
+    """
+    Before the deploy restarts a server that is in its router: remove it from
+    the router (DELETE /workers/{id}) and wait until the server itself has no
+    request running or waiting (/v1/loads), at most ``drain_timeout_s``.
+    Nothing when no restart is planned (the service step's own reasons).
+
+    .. code:: python
+
+        worker_drained(spec=spec)
+    """
+    if spec.router_url is None or spec.worker_url is None:
+        host.noop("not behind a router (router_url is None)")
+        return
+    if not restart_reasons(spec, render(spec)):
+        host.noop("no restart planned: stays in the router")
+        return
+    listed = host.get_fact(RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
+    if listed is None:
+        host.noop(f"the router at {spec.router_url} does not answer: nothing to drain")
+        return
+    if not workers_of(spec.worker_url, listed):
+        host.noop(f"{spec.worker_url} is not in the router: nothing to drain")
+        return
+    plan(f"take {spec.worker_url} out of the router at {spec.router_url} and wait until it is idle "
+         f"(at most {spec.drain_timeout_s:.0f} s) before the restart")
+    yield FunctionCommand(_drain, (spec.venv_python, spec.router_url, spec.worker_url, local_url(spec),
+                                   spec.drain_timeout_s, spec.auth_file), {})
+
+
+@operation()
+def worker_registered(router_url: str, worker_url: str, python: str = "/usr/bin/python3",
+                      auth_file: str | None = None):
+    """
+    Once the server is ready: it is in its router (POST /workers {url,
+    api_key}) and the router reports it healthy. Nothing when it already is.
+
+    + auth_file: the root-only file with the server's API key (a keyed server)
+
+    .. code:: python
+
+        worker_registered(router_url="http://10.77.10.2:30000", worker_url="http://10.77.11.2:30000")
+    """
+    listed = host.get_fact(RouterWorkers, router_url=router_url, auth_file=auth_file)
+    if any(w.healthy for w in workers_of(worker_url, listed)):
+        host.noop(f"{worker_url} is in the router at {router_url}, healthy")
+        return
+    if listed is None and not preparing():
+        yield fail_command(f"router: the router at {router_url} does not answer GET /workers from "
+                           f"{host.name}: {worker_url} cannot be registered (deploy the router hosts first)")
+        return
+    plan(f"register {worker_url} in the router at {router_url}")
+    yield FunctionCommand(register_workers, (python, router_url, [worker_url], False),
+                          {"auth_file": auth_file} if auth_file else {})
+
+
+@deploy("Router: drain")
+def drain(spec: Spec) -> None:
+    """Out of the router before a restart (the new command line checked first, so a typo never drains a server)."""
+    if spec.router_url is None:
+        return
+    server_args_accepted(spec=spec, rendered=render(spec), name="SGLang parser accepts the command line (before drain)")
+    auth_file_written(spec)  # the key for the router's /workers API, as curl and router_client.py read it
+    worker_drained(spec=spec, name=f"{spec.worker_url} out of the router before a restart")
+
+
+@deploy("Router: register")
+def register(spec: Spec) -> None:
+    """Back in the router once ready."""
+    if spec.router_url is None or spec.worker_url is None:
+        return
+    worker_registered(router_url=spec.router_url, worker_url=spec.worker_url, python=spec.venv_python,
+                      auth_file=spec.auth_file, name=f"{spec.worker_url} in the router")

@@ -1,0 +1,138 @@
+"""The SGLang stand-in's multi-node ranks (rendezvous, rank loss) and SGLang's real parser."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.unit.test_sglang_standin import (
+    READY,
+    SGLANG_VENV_PY,
+    Bed,
+    free_port,
+    gpusim,
+    http,
+    last_line,
+    wait_http,
+)
+
+
+@pytest.fixture
+def bed(tmp_path):
+    b = Bed(tmp_path)
+    yield b
+    b.cleanup()
+
+
+def _two_ranks(bed, dist_port: int):
+    http0, http1 = free_port(), free_port()
+    common = ["--model-path", str(bed.model), "--tp-size", "2", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{dist_port}", "--host", "127.0.0.1"]
+    # rank 1 first: it retries until rank 0 listens
+    r1 = bed.start([*common, "--node-rank", "1", "--port", str(http1)], CUDA_VISIBLE_DEVICES="1")
+    time.sleep(0.3)
+    r0 = bed.start([*common, "--node-rank", "0", "--port", str(http0)], CUDA_VISIBLE_DEVICES="0")
+    return r0, r1, http0, http1
+
+
+def test_multinode_rendezvous_and_rank_loss(bed):
+    r0, r1, http0, http1 = _two_ranks(bed, free_port())
+    r0.wait_for(READY)
+    assert "Node rank 1 joined" in r0.out()
+    assert "All 2 nodes joined." in r1.out()
+    assert READY not in r1.out()
+    # each rank holds memory on its own GPU
+    assert bed.used() == {0: int(0.85 * gpusim.CT200_GPU_MIB), 1: int(0.85 * gpusim.CT200_GPU_MIB)}
+    assert http("GET", f"http://127.0.0.1:{http0}/health")[0] == 200
+    # rank 1 runs only SGLang's dummy health server
+    wait_http(f"http://127.0.0.1:{http1}/health", 200, timeout=10)
+    assert http("GET", f"http://127.0.0.1:{http1}/v1/models")[0] == 404
+
+    r1.p.kill()  # a rank drops: rank 0 fails
+    assert r0.wait(10) == 1
+    assert "rank 1 disconnected" in r0.err()
+
+
+def test_multinode_rank0_waits_for_all_and_others_follow_it(bed):
+    dist = free_port()
+    http0 = free_port()
+    r0 = bed.start(["--model-path", str(bed.model), "--tp-size", "2", "--nnodes", "2",
+                    "--node-rank", "0", "--dist-init-addr", f"127.0.0.1:{dist}",
+                    "--port", str(http0)], CUDA_VISIBLE_DEVICES="0")
+    r0.wait_for("Waiting for 1 other node(s)")
+    time.sleep(1.5)  # longer than the load time: still not ready without rank 1
+    assert http("GET", f"http://127.0.0.1:{http0}/health")[0] == 503
+    assert READY not in r0.out()
+    r1 = bed.start(["--model-path", str(bed.model), "--tp-size", "2", "--nnodes", "2",
+                    "--node-rank", "1", "--dist-init-addr", f"127.0.0.1:{dist}",
+                    "--port", str(free_port())], CUDA_VISIBLE_DEVICES="1")
+    r0.wait_for(READY)
+    r1.wait_for("is up")
+
+    # SIGTERM on rank 1 is ignored (it waits for rank 0), like SGLang
+    r1.p.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert r1.p.poll() is None
+    # a graceful stop of rank 0 stops the group
+    r0.p.send_signal(signal.SIGTERM)
+    assert r0.wait(10) == 0
+    assert r1.wait(10) == 0
+
+
+def test_multinode_rank0_killed(bed):
+    r0, r1, _, _ = _two_ranks(bed, free_port())
+    r0.wait_for(READY)
+    r0.p.kill()
+    assert r1.wait(10) == 1
+    assert "went away" in r1.err()
+
+
+def test_multinode_rank_gives_up_without_rank0(bed):
+    proc = bed.run(["--model-path", str(bed.model), "--tp-size", "2", "--nnodes", "2",
+                    "--node-rank", "1", "--dist-init-addr", f"127.0.0.1:{free_port()}",
+                    "--dist-timeout", "1"], CUDA_VISIBLE_DEVICES="1")
+    assert proc.p.returncode == 1
+    assert "Timed out" in last_line(proc.err())
+
+
+# --------------------------------------------------------------------------
+# SGLang's real parser (needs .sandbox/sglang-venv with sglang 0.5.23)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not SGLANG_VENV_PY.exists(), reason=f"no sglang venv at {SGLANG_VENV_PY}")
+def test_real_sglang_parser(tmp_path):
+    bed = Bed(tmp_path, gpu_count=8)
+    try:
+        opts = tmp_path / "server.yaml"
+        opts.write_text("tp-size: 8\nattention-backend: triton\napi-key: real-parser-key\n"
+                        "served-model-name: kimi-sim\n")
+        port = free_port()
+        py = str(SGLANG_VENV_PY)
+        proc = bed.start(["--model-path", str(bed.model), "--config", str(opts),
+                          "--host", "127.0.0.1", "--port", str(port)],
+                         python=py, SANDBOX_SGLANG_PARSER=None, SANDBOX_LOAD_SECONDS="0.5")
+        proc.wait_for(READY, timeout=120)
+        out = proc.out()
+        assert "real parser was not available" not in out
+        assert "tp_size=8" in out and "attention_backend='triton'" in out and "api_key='***'" in out
+        assert "real-parser-key" not in out + proc.err()
+        status, body = http("GET", f"http://127.0.0.1:{port}/v1/models", key="real-parser-key")
+        assert status == 200 and body["data"][0]["id"] == "kimi-sim"
+        assert http("GET", f"http://127.0.0.1:{port}/v1/models")[0] == 401
+        proc.p.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+        bad = bed.run(["--model-path", str(bed.model), "--tp-sise", "8"], python=py,
+                      SANDBOX_SGLANG_PARSER=None, timeout=120)
+        assert bad.p.returncode == 2
+        assert last_line(bad.err()) == "sglang serve: error: unrecognized arguments: --tp-sise 8"
+
+        bad = bed.run(["--model-path", str(bed.model), "--attention-backend", "tritonn"], python=py,
+                      SANDBOX_SGLANG_PARSER=None, timeout=120)
+        assert bad.p.returncode == 2
+        assert "argument --attention-backend: invalid choice: 'tritonn' (choose from 'triton'" in bad.err()
+    finally:
+        bed.cleanup()
