@@ -17,6 +17,10 @@ otherwise (a monitor can run it), 2 for invalid settings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.spec import RouterSpec, Spec
 
 
 @dataclass
@@ -48,7 +52,7 @@ def _unit_text(unit) -> str:
     return text + (f" ({unit.restarts} restarts)" if unit.restarts else "")
 
 
-def server_status(spec) -> HostStatus:
+def server_status(spec: Spec) -> HostStatus:
     """A server's status from its facts (inside pyinfra's host context)."""
     from pyinfra import host
 
@@ -82,7 +86,7 @@ def server_status(spec) -> HostStatus:
     return row
 
 
-def router_status(spec) -> HostStatus:
+def router_status(spec: RouterSpec) -> HostStatus:
     from pyinfra import host
 
     from facts.http import HttpStatus
@@ -111,7 +115,7 @@ def gather(driver) -> list[HostStatus]:
     import gevent
     from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-    from tasks.spec import host_spec
+    from tasks.spec import RouterSpec, host_spec
 
     routers, servers = driver.load()
     names = routers + servers
@@ -123,7 +127,7 @@ def gather(driver) -> list[HostStatus]:
             host = inventory.get_host(name)
             with ctx_state.use(state), ctx_inventory.use(inventory), ctx_host.use(host):
                 spec = host_spec(host)
-                return router_status(spec) if getattr(spec, "role", "server") == "router" else server_status(spec)
+                return router_status(spec) if isinstance(spec, RouterSpec) else server_status(spec)
 
         greenlets = {name: gevent.spawn(one, name) for name in names if name in active}
         gevent.joinall(list(greenlets.values()))

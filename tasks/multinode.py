@@ -90,29 +90,36 @@ def _run() -> _Run:
     return run_state().extension("multinode", _Run)
 
 
-def members(spec) -> list[str]:
+def group_of(spec: Spec) -> str:
+    """The key of the spec's node group (only ranks of a group reach this module)."""
+    if spec.group_key is None:
+        raise GroupError(f"{spec.host_name} is not in a node group")
+    return spec.group_key
+
+
+def members(spec: Spec) -> list[str]:
     """The group's host names in rank order (from the validated inventory)."""
     known = _run().members
-    if spec.group_key not in known:
+    if group_of(spec) not in known:
         groups = node_groups(validate_inventory(host.inventory))
-        known[spec.group_key] = [s.host_name for s in groups[spec.group_key]]
-    return known[spec.group_key]
+        known[group_of(spec)] = [s.host_name for s in groups[group_of(spec)]]
+    return known[group_of(spec)]
 
 
-def _rank_of(spec, name: str) -> int:
+def _rank_of(spec: Spec, name: str) -> int:
     return members(spec).index(name)
 
 
-def _who(spec, name: str) -> str:
+def _who(spec: Spec, name: str) -> str:
     return f"rank {_rank_of(spec, name)} ({name})"
 
 
-def abort(spec, reason: str) -> None:
+def abort(spec: Spec, reason: str) -> None:
     """Tell every rank waiting on the group to give up, with ``reason`` (first one wins)."""
-    _run().aborted.setdefault(spec.group_key, reason)
+    _run().aborted.setdefault(group_of(spec), reason)
 
 
-def meet(spec, step: str, value: Any, wait_for: list[str] | None = None,
+def meet(spec: Spec, step: str, value: Any, wait_for: list[str] | None = None,
          timeout: float = DECIDE_TIMEOUT_S) -> dict[str, Any]:
     """Publish this rank's ``value`` for ``step`` and wait until the ranks in
     ``wait_for`` (default: all) published theirs; returns {host name: value}.
@@ -125,7 +132,7 @@ def meet(spec, step: str, value: Any, wait_for: list[str] | None = None,
 
         reasons = meet(spec, "restart-decision", restart_reasons(spec, rendered))
     """
-    group = spec.group_key
+    group = group_of(spec)
     run = _run()
     board = run.boards.setdefault((group, step), _Board())
     board.values[host.name] = value
@@ -156,10 +163,10 @@ def meet(spec, step: str, value: Any, wait_for: list[str] | None = None,
 # --- restart ---------------------------------------------------------------------
 
 
-def _planned_reasons(spec, own: list[str]) -> dict[str, list[str]]:
+def _planned_reasons(spec: Spec, own: list[str]) -> dict[str, list[str]]:
     """While preparing (--dry): every rank's restart reasons, the other ranks'
     read from their own facts once per group (hosts are prepared one by one)."""
-    board = _run().boards.setdefault((spec.group_key, "plan"), _Board())
+    board = _run().boards.setdefault((group_of(spec), "plan"), _Board())
     board.values[host.name] = own
     for name in members(spec):
         if name in board.values:
@@ -201,7 +208,7 @@ def _shell(host, command: StringCommand) -> tuple[bool, list[str]]:
     return ok, [line for line in output.stdout_lines + output.stderr_lines if line.strip()]
 
 
-def _group_restart(state, host, spec) -> bool:
+def _group_restart(state, host, spec: Spec) -> bool:
     """Stop rank 0, then the others, then start every rank; each step waits for the whole group."""
     names = members(spec)
     label = spec.group_label
@@ -231,7 +238,7 @@ def _group_restart(state, host, spec) -> bool:
         return False
 
 
-def rank_restart_reasons(spec, rendered: Rendered) -> list[str]:
+def rank_restart_reasons(spec: Spec, rendered: Rendered) -> list[str]:
     """restart_reasons(), plus a rank that crashed since it was started: SGLang's
     TP group cannot take a single rank back, so systemd's restart of one rank
     (Restart=on-failure) does not bring the group back; the group must restart."""
@@ -244,7 +251,7 @@ def rank_restart_reasons(spec, rendered: Rendered) -> list[str]:
 
 
 @operation()
-def group_restarted(spec, rendered: Rendered):
+def group_restarted(spec: Spec, rendered: Rendered):
     """
     (Re)start every rank of the node group when any rank must restart (what
     it runs changed or it is not running): rank 0 stopped first, then the
@@ -286,7 +293,7 @@ def group_restarted(spec, rendered: Rendered):
 # --- readiness -------------------------------------------------------------------
 
 
-def _wait_args(spec, elapsed: float, baseline: str | None, progress: bool) -> str:
+def _wait_args(spec: Spec, elapsed: float, baseline: str | None, progress: bool) -> str:
     args = [spec.venv_python, "-u", "-c", WAIT_SCRIPT.read_text(), "--unit", spec.unit_name,
             "--slice", str(SLICE_S), "--elapsed", f"{elapsed:.2f}"]
     if spec.node_rank == 0:
@@ -304,11 +311,11 @@ def _wait_args(spec, elapsed: float, baseline: str | None, progress: bool) -> st
     return " ".join(shlex.quote(arg) for arg in args)
 
 
-def _group_wait(state, host, spec) -> bool:
+def _group_wait(state, host, spec: Spec) -> bool:
     """One rank's share of the group's readiness wait, in slices of SLICE_S
     on the host, until rank 0 is ready or any rank failed (the verdict)."""
     run = _run()
-    key = spec.group_key
+    key = group_of(spec)
     label = spec.group_label
     names = members(spec)
     baseline = run.baselines.get(host.name) if restarted_this_run(host.name) else None
@@ -369,7 +376,7 @@ def _group_wait(state, host, spec) -> bool:
     return False
 
 
-def _rank_ready(spec) -> bool:
+def _rank_ready(spec: Spec) -> bool:
     """This rank needs no wait: not restarted by this run, nothing pending,
     unit running, and at rank 0 /health answers 200."""
     if restarted_this_run(host.name):
@@ -380,7 +387,7 @@ def _rank_ready(spec) -> bool:
 
 
 @operation()
-def group_ready(spec):
+def group_ready(spec: Spec):
     """
     Wait until the node group is ready at rank 0 while every other rank's
     unit stays active; fail the whole group as soon as one rank fails, with
@@ -393,7 +400,7 @@ def group_ready(spec):
     label = spec.group_label
     ready = _rank_ready(spec)
     if preparing():
-        planned = _run().boards.get((spec.group_key, "plan"))  # group_restarted's plan
+        planned = _run().boards.get((group_of(spec), "plan"))  # group_restarted's plan
         if ready and not (planned and any(planned.values.values())):
             host.noop(f"{spec.unit_name} is active (rank {spec.node_rank} of node group {label})")
             return

@@ -29,7 +29,7 @@ from facts.model_dir import ModelConfig
 from facts.venv import ExactPins, VenvPackages, venv_python
 from core.ops import explaining_line, fail_command, plan, record_failure
 from core.paths import CACHE_DIR
-from tasks.spec import COMPRESSED_TENSORS_FORMATS
+from tasks.spec import COMPRESSED_TENSORS_FORMATS, Spec
 PACKAGE = "compressed-tensors"
 
 
@@ -194,7 +194,7 @@ def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[s
 
 
 @operation()
-def compression_format_supported(spec):
+def compression_format_supported(spec: Spec):
     """
     Make the venv's compressed-tensors know every format the model's
     config.json uses; no change when it already does.
@@ -254,6 +254,6 @@ def compression_format_supported(spec):
 
 
 @deploy("Quantization deps")
-def quant_deps(spec):
+def quant_deps(spec: Spec) -> None:
     """compressed-tensors new enough for the model's quantization format."""
     compression_format_supported(spec=spec, name=f"{PACKAGE} supports the model's format")

@@ -16,6 +16,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from facts.gpu import GpuComputeProcesses, GpuProcess, NvidiaGpus
 from core.ops import fail_command, plan, record_failure
+from tasks.spec import Spec
 
 MIB = 1024 * 1024
 
@@ -147,7 +148,7 @@ def stale_gpu_processes_stopped(
 
 
 @deploy("Stale GPU processes")
-def stale_gpu(spec):
+def stale_gpu(spec: Spec) -> None:
     """Free our GPUs from processes that are not our server."""
     stale_gpu_processes_stopped(
         gpu_ids=list(spec.gpu_ids),
