@@ -3,27 +3,71 @@ download one pinned model revision into a local dir with huggingface_hub, then
 verify it and write the marker that makes the next deploy a no-op.
 
     fetch_model.py --repo moonshotai/Kimi-K2.6 --revision <40 hex> --local-dir /srv/models/kimi-k2.6 \
-        --margin-bytes 50000000000 [--endpoint URL] [--token-file /etc/sglang/hf-token]
+        --margin-bytes 50000000000 [--endpoint URL] [--token-file /etc/sglang/hf-token] \
+        [--max-workers 8] [--attempts 5] [--backoff-s 5] [--max-wait-s 300] [--read-timeout 30]
 
-The token is read from a root-only file (never argv). Exit codes: 0 done,
-3 not enough disk (nothing downloaded), 4 verification failed, 1 other errors.
+The token is read from a root-only file (never argv) and never printed.
+
+Transient Hub failures (HTTP 5xx, 408 and 429, connection errors, read
+timeouts: a body that stalls) are retried: at most --attempts calls of each
+phase (listing the files, downloading), waiting --backoff-s after the first
+failure and twice as long after each next one (at most 60 s), or the Hub's
+Retry-After when that is longer (at most --max-wait-s). huggingface_hub also
+retries inside each call (HEAD requests and 429s with its own backoff; a
+dropped or stalled body is resumed with a Range request up to 5 times), with
+--read-timeout as its HF_HUB_DOWNLOAD_TIMEOUT (seconds without a byte) and
+HEAD timeout. Complete files are kept between attempts; a file in flight when
+an attempt fails starts again from zero.
+
+Before downloading, the *.incomplete files a killed earlier run left in
+<local-dir>/.cache/huggingface/download/ are removed (huggingface_hub never
+resumes them across runs; a lock file there keeps two runs apart). The last
+lines say how many bytes this run fetched from the Hub.
+
+Exit codes: 0 done; 1 other errors (not retried); 3 not enough disk (nothing
+downloaded); 4 verification failed; 5 the Hub refused the token (401/403, or a
+private or gated repo and no token); 6 the repo or the revision does not
+exist; 7 gave up after --attempts transient failures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 MARKER = ".sglang-converge.json"
 GB = 1000**3
+DOWNLOAD_DIR = Path(".cache") / "huggingface" / "download"  # huggingface_hub's partial files for a local_dir
+LOCK_FILE = Path(".cache") / "huggingface" / ".sglang-converge-fetch.lock"
+MAX_BACKOFF_S = 60.0
+
+EXIT_ERROR = 1
+EXIT_DISK = 3
+EXIT_VERIFY = 4
+EXIT_TOKEN = 5
+EXIT_NOT_FOUND = 6
+EXIT_GAVE_UP = 7
+
+_SECRETS: list[str] = []  # never printed: replaced by <redacted> in everything this script writes
+
+
+def redact(text: str) -> str:
+    for secret in _SECRETS:
+        text = text.replace(secret, "<redacted>")
+    return text
 
 
 def log(message: str) -> None:
-    print(message, flush=True)
+    print(redact(message), flush=True)
 
 
 def local_size(path: Path) -> int | None:
@@ -33,8 +77,8 @@ def local_size(path: Path) -> int | None:
         return None
 
 
-def remote_files(api, repo: str, revision: str) -> dict[str, int]:
-    info = api.model_info(repo, revision=revision, files_metadata=True)
+def remote_files(api, repo: str, revision: str, timeout: float | None = None) -> dict[str, int]:
+    info = api.model_info(repo, revision=revision, files_metadata=True, timeout=timeout)
     return {sibling.rfilename: int(sibling.size or 0) for sibling in info.siblings}
 
 
@@ -59,6 +103,265 @@ def verify(local_dir: Path, expected: dict[str, int]) -> list[str]:
     return problems
 
 
+def still_to_fetch(local_dir: Path, expected: dict[str, int]) -> dict[str, int]:
+    return {name: size for name, size in expected.items() if local_size(local_dir / name) != size}
+
+
+# ---------------------------------------------------------------------------
+# partial files of a killed run, and the lock that tells them from a live run's
+
+
+def take_lock(local_dir: Path):
+    """An exclusive lock for this run (held until exit); None when another run holds it."""
+    import fcntl
+
+    path = local_dir / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        return None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+def remove_leftovers(local_dir: Path) -> tuple[int, int]:
+    """Remove the *.incomplete files a killed run left; (how many, their bytes)."""
+    count = size = 0
+    root = local_dir / DOWNLOAD_DIR
+    if root.is_dir():
+        for path in sorted(root.rglob("*.incomplete")):
+            try:
+                nbytes = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            count += 1
+            size += nbytes
+    return count, size
+
+
+# ---------------------------------------------------------------------------
+# bytes fetched in this run
+
+
+class ByteCounter:
+    """Response body bytes received from the Hub (and its CDN) by this process, as they arrive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = 0  # every body: API answers, errors, files
+        self.files = 0  # bodies of successful file GETs (not /api/)
+        self.installed = False
+
+    def add(self, n: int, is_file: bool) -> None:
+        with self._lock:
+            self.total += n
+            if is_file:
+                self.files += n
+
+    def install(self) -> bool:
+        """Count through huggingface_hub's supported set_client_factory: its default client plus a
+        response hook that wraps each body stream (proxies and other settings stay as they are)."""
+        try:
+            import huggingface_hub
+            from huggingface_hub.utils._http import default_client_factory
+        except ImportError:
+            return False
+        counter = self
+
+        def factory():
+            client = default_client_factory()
+            http = sys.modules[type(client).__module__.split(".")[0]]  # httpx (hub 1.x) or httpx2 (2.x)
+
+            class Counted(http.SyncByteStream):  # type: ignore[name-defined]
+                def __init__(self, inner, is_file: bool):
+                    self._inner, self._is_file = inner, is_file
+
+                def __iter__(self):
+                    for chunk in self._inner:
+                        counter.add(len(chunk), self._is_file)
+                        yield chunk
+
+                def close(self) -> None:
+                    self._inner.close()
+
+            def on_response(response) -> None:
+                request = response.request
+                is_file = (request.method == "GET" and 200 <= response.status_code < 300
+                           and not request.url.path.startswith("/api/"))
+                response.stream = Counted(response.stream, is_file)
+
+            hooks = client.event_hooks
+            hooks["response"] = [*hooks.get("response", []), on_response]
+            client.event_hooks = hooks
+            return client
+
+        huggingface_hub.set_client_factory(factory)
+        self.installed = True
+        return True
+
+
+# ---------------------------------------------------------------------------
+# what went wrong, in one line
+
+
+class Failure(Exception):
+    """Why a call failed: transient ones are retried, the others end the run with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR, transient: bool = False,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.message, self.code, self.transient, self.retry_after = message, code, transient, retry_after
+        self.cause: BaseException | None = None  # the exception it describes
+
+
+class IncompleteSnapshot(Exception):
+    """snapshot_download returned but files are missing (it does when the Hub's file list is unreachable
+    and local_dir is not empty)."""
+
+    def __init__(self, missing: dict[str, int]):
+        super().__init__(f"{len(missing)} files missing after the download")
+        self.missing = missing
+
+
+def _chain(err: BaseException | None):
+    seen: list[BaseException] = []
+    while err is not None and all(err is not s for s in seen) and len(seen) < 12:
+        seen.append(err)
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def _class_names(err: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(err).__mro__}
+
+
+def _request_url(err: BaseException) -> str | None:
+    response = getattr(err, "response", None)
+    try:
+        if response is not None:
+            history = getattr(response, "history", None) or []
+            first = history[0] if history else response  # the Hub URL, not the CDN one it redirected to
+            return str(first.request.url)
+        return str(err.request.url)  # type: ignore[attr-defined]  # httpx's transport errors; raises when unset
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _what(url: str | None) -> str:
+    """The file a URL fetches (its path in the repo), or the API call."""
+    if not url:
+        return "the Hub"
+    path = urlsplit(url).path
+    if "/resolve/" in path:
+        return unquote(path.split("/resolve/", 1)[1].partition("/")[2])
+    if "/api/" in path:
+        return f"the Hub API ({unquote(path)})"
+    return url
+
+
+def _retry_after(response) -> float | None:
+    value = (response.headers.get("Retry-After") or "").strip() if response is not None else ""
+    return float(value) if value.isdigit() else None
+
+
+def classify(err: BaseException, repo: str, revision: str, endpoint: str | None, token: str | None) -> Failure:
+    hub = (endpoint or "https://huggingface.co").rstrip("/")
+    find_one = (f"`{'HF_ENDPOINT=' + hub + ' ' if endpoint else ''}hf models info {repo} --revision main "
+                f"--expand sha` prints the newest commit; {hub}/{repo}/commits/main lists them all")
+    if isinstance(err, IncompleteSnapshot):
+        first = sorted(err.missing)[0]
+        return Failure(f"{len(err.missing)} files still missing after the download returned (first: {first}); "
+                       f"the Hub's file list was probably unreachable", transient=True)
+    for e in _chain(err):
+        names = _class_names(e)
+        response = getattr(e, "response", None)
+        status = getattr(response, "status_code", None)
+        what = _what(_request_url(e))
+        if "RevisionNotFoundError" in names:
+            return Failure(f"revision {revision} does not exist in {repo} on {hub} (HTTP {status} RevisionNotFound); "
+                           f"pin a real commit: {find_one}", EXIT_NOT_FOUND)
+        if "GatedRepoError" in names:
+            return Failure(f"the Hub refused access ({status}) to the gated repo {repo}: accept its terms on "
+                           f"{hub}/{repo} with the account of the token", EXIT_TOKEN)
+        if "RepositoryNotFoundError" in names:
+            if status == 401 and not token:
+                return Failure(f"the Hub refused access (401) to {repo} without a token: a private or gated repo "
+                               f"needs one (hf_token), or the repo does not exist", EXIT_TOKEN)
+            if status == 401:
+                return Failure(f"the Hub refused the token (401) for {repo}", EXIT_TOKEN)
+            return Failure(f"repo {repo} does not exist on {hub}, or the token cannot see it "
+                           f"(HTTP {status} RepoNotFound, revision {revision})", EXIT_NOT_FOUND)
+        if isinstance(status, int):
+            if status == 401:
+                return Failure(f"the Hub refused the token (401) for {repo}"
+                               + ("" if token else " (no token was given)"), EXIT_TOKEN)
+            if status == 403:
+                return Failure(f"the Hub denied access (403) to {repo} with this token", EXIT_TOKEN)
+            if status in (408, 429) or status >= 500:
+                wait = _retry_after(response)
+                return Failure(f"HTTP {status} from the Hub for {what}"
+                               + (f" (Retry-After {wait:.0f} s)" if wait is not None else ""),
+                               transient=True, retry_after=wait)
+            code = (response.headers.get("X-Error-Code") or "") if response is not None else ""
+            return Failure(f"HTTP {status}{' ' + code if code else ''} from the Hub for {what}")
+        if "ReadTimeout" in names:
+            limit = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT", "?")
+            return Failure(f"read timed out (no byte for {limit} s) fetching {what}", transient=True)
+        if "TimeoutException" in names:
+            return Failure(f"{type(e).__name__} fetching {what}", transient=True)
+        if names & {"ConnectError", "NetworkError", "RemoteProtocolError", "ProtocolError", "TransportError"}:
+            detail = (str(e).strip().splitlines() or [""])[0]
+            return Failure(f"connection failed fetching {what}: {type(e).__name__}: {detail}", transient=True)
+        if isinstance(e, OSError) and "Consistency check failed" in str(e):
+            m = re.search(r"has size \d+ \((.*?)\)", str(e))
+            return Failure(f"{m.group(1) if m else 'a file'} arrived short (connection cut?)", transient=True)
+    if "LocalEntryNotFoundError" in _class_names(err):  # huggingface_hub's word for "the Hub could not be reached"
+        return Failure(f"could not reach the Hub at {hub}", transient=True)
+    first_line = (str(err).strip().splitlines() or [""])[0]
+    return Failure(f"{type(err).__name__}: {first_line}")
+
+
+def with_retries(what: str, call, args, repo: str, revision: str, token: str | None, tries: list | None = None):
+    """call() until it succeeds, a non-transient failure (raised as Failure) or args.attempts transient ones;
+    each attempt is appended to `tries`."""
+    delay = args.backoff_s
+    for attempt in range(1, args.attempts + 1):
+        if tries is not None:
+            tries.append(attempt)
+        try:
+            return call()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # noqa: BLE001
+            failure = classify(err, repo, revision, args.endpoint, token)
+            if not failure.transient:
+                if failure.code == EXIT_ERROR and not isinstance(err, OSError):
+                    sys.stderr.write(redact(traceback.format_exc()))  # an unexpected error: the trace helps
+                failure.cause = err
+                raise failure from None
+            if attempt == args.attempts:
+                gave_up = Failure(f"gave up after {args.attempts} attempts to {what}: {failure.message}", EXIT_GAVE_UP)
+                gave_up.cause = err
+                raise gave_up from None
+            wait = min(max(delay, failure.retry_after or 0.0), args.max_wait_s)
+            log(f"attempt {attempt}/{args.attempts} to {what} failed: {failure.message}; retrying in {wait:.1f} s")
+            time.sleep(wait)
+            delay = min(delay * 2, MAX_BACKOFF_S)
+    raise AssertionError("not reached")
+
+
+class _OneLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact("huggingface_hub: " + record.getMessage().strip().replace("\n", " | "))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repo", required=True)
@@ -68,53 +371,123 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint")
     parser.add_argument("--token-file")
     parser.add_argument("--max-workers", type=int, default=8)
+    parser.add_argument("--attempts", type=int, default=5, help="calls per phase before giving up (default 5)")
+    parser.add_argument("--backoff-s", type=float, default=5.0, help="first wait between attempts, doubling (max 60)")
+    parser.add_argument("--max-wait-s", type=float, default=300.0, help="longest wait, Retry-After included")
+    parser.add_argument("--read-timeout", type=int, default=30,
+                        help="seconds without a byte before a request counts as stalled (HF_HUB_DOWNLOAD_TIMEOUT)")
     args = parser.parse_args(argv)
-
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the deploy prints its own progress
-    if args.endpoint:
-        os.environ["HF_ENDPOINT"] = args.endpoint
-    from huggingface_hub import HfApi, snapshot_download
+    if args.attempts < 1 or args.read_timeout < 1 or args.backoff_s < 0:
+        parser.error("--attempts and --read-timeout are at least 1, --backoff-s at least 0")
 
     token = None
     if args.token_file and os.path.exists(args.token_file):
         token = Path(args.token_file).read_text().strip() or None
+    _SECRETS[:] = [s for s in (token, os.environ.get("HF_TOKEN")) if s]
+
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the deploy prints its own progress
+    # huggingface_hub reads these when it is imported: its read timeout for file bodies, and for HEAD requests
+    os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = str(args.read_timeout)
+    os.environ["HF_HUB_ETAG_TIMEOUT"] = str(args.read_timeout)
+    if args.endpoint:
+        os.environ["HF_ENDPOINT"] = args.endpoint
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    constants.HF_HUB_DOWNLOAD_TIMEOUT = args.read_timeout  # in case it was imported before the variable was set
+    library_log = logging.getLogger("huggingface_hub")
+    handler = logging.StreamHandler(sys.stdout)  # one line per message, next to ours, the token redacted
+    handler.setFormatter(_OneLine())
+    library_log.handlers[:] = [handler]
+    library_log.propagate = False
+    counter = ByteCounter()
+    counter.install()
+
+    repo, revision = args.repo, args.revision
     local_dir = Path(args.local_dir)
-    api = HfApi(endpoint=args.endpoint, token=token)
-    expected = remote_files(api, args.repo, args.revision)
-
-    # The disk check, on the host, before a byte is written.
-    need = sum(size for name, size in expected.items() if local_size(local_dir / name) != size)
-    probe = local_dir
-    while not probe.exists():
-        probe = probe.parent
-    stat = os.statvfs(probe)
-    free = stat.f_bavail * stat.f_frsize
-    log(f"need {need} bytes ({need / GB:.2f} GB) of {sum(expected.values())}; "
-        f"free {free} bytes ({free / GB:.2f} GB) at {probe}; margin {args.margin_bytes / GB:.2f} GB")
-    if need > free - args.margin_bytes:
-        log(f"REFUSED: {args.repo}@{args.revision[:12]} needs {need / GB:.2f} GB more, "
-            f"{probe} has {free / GB:.2f} GB free and {args.margin_bytes / GB:.2f} GB must stay free")
-        return 3
-
-    local_dir.mkdir(parents=True, exist_ok=True)
+    lock = None
+    expected: dict[str, int] = {}
+    before: dict[str, int] = {}
     started = time.monotonic()
-    snapshot_download(
-        args.repo,
-        revision=args.revision,
-        local_dir=str(local_dir),
-        endpoint=args.endpoint,
-        token=token,
-        max_workers=args.max_workers,
-    )
+    try:
+        api = HfApi(endpoint=args.endpoint, token=token)
+        expected = with_retries("list the files", lambda: remote_files(api, repo, revision, args.read_timeout),
+                                args, repo, revision, token)
+
+        if local_dir.is_dir():
+            lock = take_lock(local_dir)
+            if lock is None:
+                log(f"FAILED: another fetch_model.py is downloading into {local_dir} (it holds {LOCK_FILE})")
+                return EXIT_ERROR
+            count, size = remove_leftovers(local_dir)
+            if count:
+                log(f"removed {plural(count, 'partial file')} ({size} bytes) that a killed earlier run left in "
+                    f"{local_dir / DOWNLOAD_DIR}: those files are fetched again from zero")
+
+        # The disk check, on the host, before a byte is written.
+        need = sum(still_to_fetch(local_dir, expected).values())
+        probe = local_dir
+        while not probe.exists():
+            probe = probe.parent
+        stat = os.statvfs(probe)
+        free = stat.f_bavail * stat.f_frsize
+        log(f"need {need} bytes ({need / GB:.2f} GB) of {sum(expected.values())}; "
+            f"free {free} bytes ({free / GB:.2f} GB) at {probe}; margin {args.margin_bytes / GB:.2f} GB")
+        if need > free - args.margin_bytes:
+            log(f"REFUSED: {repo}@{revision[:12]} needs {need / GB:.2f} GB more, "
+                f"{probe} has {free / GB:.2f} GB free and {args.margin_bytes / GB:.2f} GB must stay free")
+            return EXIT_DISK
+
+        local_dir.mkdir(parents=True, exist_ok=True)
+        if lock is None:
+            lock = take_lock(local_dir)
+            if lock is None:
+                log(f"FAILED: another fetch_model.py is downloading into {local_dir} (it holds {LOCK_FILE})")
+                return EXIT_ERROR
+        before = still_to_fetch(local_dir, expected)
+        started = time.monotonic()
+        download_attempts: list[int] = []
+
+        def download() -> None:
+            snapshot_download(
+                repo,
+                revision=revision,
+                local_dir=str(local_dir),
+                endpoint=args.endpoint,
+                token=token,
+                max_workers=args.max_workers,
+                etag_timeout=args.read_timeout,
+            )
+            missing = still_to_fetch(local_dir, expected)
+            if missing:
+                raise IncompleteSnapshot(missing)
+
+        try:
+            with_retries("download", download, args, repo, revision, token, download_attempts)
+        except Failure as failure:
+            if not isinstance(getattr(failure, "cause", None), IncompleteSnapshot):
+                raise
+            # the last attempt still lacks files: verification below names them
+        tries = len(download_attempts)
+        log(f"fetched {fetched_bytes(counter, local_dir, before)} from the Hub in this run "
+            f"({plural(tries, 'download attempt')})")
+    except Failure as failure:
+        if before:  # the download started: say what it cost and what a re-run fetches again
+            left = still_to_fetch(local_dir, expected)
+            log(f"fetched {fetched_bytes(counter, local_dir, before)} from the Hub in this run; "
+                f"{plural(len(left), 'file')} ({sum(left.values())} bytes) not complete: a re-run fetches them "
+                f"(from zero)")
+        log(f"FAILED: {failure.message}")
+        return failure.code
+
     problems = verify(local_dir, expected)
     if problems:
         for problem in problems:
             log(f"VERIFY FAILED: {problem}")
-        return 4
+        return EXIT_VERIFY
     marker = {
-        "repo": args.repo,
-        "revision": args.revision,
+        "repo": repo,
+        "revision": revision,
         "files": expected,
         "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -124,6 +497,17 @@ def main(argv: list[str] | None = None) -> int:
     log(f"verified {len(expected)} files, {sum(expected.values())} bytes, "
         f"downloaded {need} bytes in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def fetched_bytes(counter: ByteCounter, local_dir: Path, before: dict[str, int]) -> str:
+    if counter.installed:
+        return f"{counter.files} bytes of files ({counter.total} bytes in all)"
+    done = {name: size for name, size in before.items() if local_size(local_dir / name) == size}
+    return f"at least {sum(done.values())} bytes ({len(done)} files completed; not counted on the wire)"
 
 
 if __name__ == "__main__":

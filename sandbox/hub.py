@@ -26,6 +26,35 @@ connection, like a network drop), and a request log: `requests` (one
 RequestRecord per request), `request_count`, `bytes_served`,
 `content_gets()`, `reset_log()`.
 
+Faults (the ways the real Hub fails), set at start (`HubServer(faults=)`,
+`serve --faults-file`) or while running (`set_faults()`, rewriting the
+faults file, `POST /_sandbox/faults`), as JSON:
+
+    {"token": "hf_...",          # require this bearer token from now on (null: none);
+                                 #   absent: the token the server started with
+     "rules": [                  # the first rule that matches a request and has uses left answers it
+       {"path": "*.safetensors", "status": 500, "times": 2, "methods": ["GET"]},
+       {"path": "*", "status": 429, "retry_after": 1, "times": 3},
+       {"path": "model-00001-of-00003.safetensors", "stall": 5, "after_bytes": 65536, "times": 1},
+       {"path": "config.json", "stall": "forever"}]}
+
+A rule's `path` is a glob (fnmatch, `*` crosses `/`) on the file's path in the
+repo for /resolve/ requests and on the URL path for /api/ ones; `kinds`
+(["resolve", "api"], default both) and `methods` (default GET and HEAD; a
+stall only applies to a GET's body) narrow it; `times` is how many matching
+requests it answers (absent or null: all of them). A `status` rule answers
+that status in the Hub's error shape (JSON body, X-Error-Message; 429 with
+`Retry-After: N` when `retry_after` is given). A `stall` rule sends the
+headers and `after_bytes` body bytes, then nothing for `stall` seconds
+("forever": until the client goes away or the server stops), then the rest.
+Wrong or missing tokens get 401 as described above.
+
+Byte accounting: `stats()` (also `GET /_sandbox/stats[?settle=S]`; `POST
+/_sandbox/stats/reset[?settle=S]` answers the stats and starts over; `python
+-m sandbox hub-stats`) counts the body bytes served, in total, per file and
+per client address; settle waits up to S seconds for requests in flight. The /_sandbox/ endpoints answer loopback clients and the
+hub's own address only, are never faulted and are not logged.
+
 Stdlib only (plus sandbox.tinymodel), so the sandbox can run it anywhere.
 
     python -m sandbox.hub serve --addr 127.0.0.1 --port 0 --size-mb 40
@@ -35,10 +64,13 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fnmatch
 import hashlib
+import ipaddress
 import json
 import os
 import re
+import select
 import signal
 import socket
 import struct
@@ -51,13 +83,14 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.request import ProxyHandler, Request, build_opener
 
 try:  # `python -m sandbox.hub` and `import sandbox.hub`
     from sandbox.tinymodel import LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, git_blob_sha1, scan
 except ImportError:  # run as a plain script next to tinymodel.py
     from tinymodel import LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, git_blob_sha1, scan  # type: ignore
 
-__all__ = ["HubServer", "RequestRecord", "DEFAULT_REPO_ID", "main"]
+__all__ = ["HubServer", "RequestRecord", "DEFAULT_REPO_ID", "admin_request", "main"]
 
 DEFAULT_REPO_ID = "sandbox/tiny-moe"
 _FIXED_DATE = "2025-01-01T00:00:00.000Z"  # deterministic lastModified / createdAt
@@ -174,12 +207,127 @@ class RequestRecord:
     address: str = ""  # the bound address that answered
     seconds: float = 0.0  # set when the response is done
     complete: bool = True  # False while the body is going out, and when the connection dropped mid-body
+    file: str | None = None  # the file's path in the repo, for /resolve/ requests
+    fault: str | None = None  # the fault that answered: "500", "429", ..., "stall"
+    started: float = 0.0  # time.monotonic() when the request arrived
+    done: bool = False  # the handler has finished with it (bytes_sent is final)
+
+
+# ---------------------------------------------------------------------------
+# faults
+
+
+_RULE_KEYS = {"path", "kinds", "methods", "status", "retry_after", "stall", "after_bytes", "times"}
+_KINDS = ("resolve", "api")
+
+
+class _Rule:
+    def __init__(self, spec: dict):
+        if not isinstance(spec, dict):
+            raise ValueError(f"a fault rule is an object, got {spec!r}")
+        unknown = set(spec) - _RULE_KEYS
+        if unknown:
+            raise ValueError(f"unknown keys in fault rule {spec!r}: {sorted(unknown)}")
+        self.path = str(spec.get("path", "*"))
+        self.kinds = tuple(spec.get("kinds") or _KINDS)
+        if not set(self.kinds) <= set(_KINDS):
+            raise ValueError(f"fault rule kinds must be among {_KINDS}, got {self.kinds}")
+        self.status = spec.get("status")
+        self.is_stall = "stall" in spec
+        if (self.status is None) == (not self.is_stall):
+            raise ValueError(f"a fault rule has exactly one of status and stall: {spec!r}")
+        if self.status is not None and not (
+            isinstance(self.status, int) and 400 <= self.status <= 599 and self.status in HTTPStatus._value2member_map_
+        ):
+            raise ValueError(f"fault status must be an HTTP error status (400..599), got {self.status!r}")
+        self.retry_after = spec.get("retry_after")
+        if self.retry_after is not None and not (isinstance(self.retry_after, int) and self.retry_after >= 0):
+            raise ValueError(f"retry_after must be a non-negative int (seconds), got {self.retry_after!r}")
+        stall = spec.get("stall")
+        if stall in ("forever", None):
+            self.stall: float | None = None
+        elif isinstance(stall, (int, float)) and not isinstance(stall, bool) and stall >= 0:
+            self.stall = float(stall)
+        else:
+            raise ValueError(f'stall is seconds (>= 0) or "forever", got {stall!r}')
+        self.after_bytes = int(spec.get("after_bytes", 0))
+        default_methods = ("GET",) if self.is_stall else ("GET", "HEAD")
+        self.methods = tuple(m.upper() for m in (spec.get("methods") or default_methods))
+        times = spec.get("times")
+        if times is not None and not (isinstance(times, int) and times >= 0):
+            raise ValueError(f"times must be a non-negative int or null, got {times!r}")
+        self.times: int | None = times
+        self.hits = 0
+        self.spec = dict(spec)
+
+    def matches(self, kind: str, method: str, target: str) -> bool:
+        return (
+            kind in self.kinds
+            and method in self.methods
+            and (self.times is None or self.hits < self.times)
+            and fnmatch.fnmatchcase(target, self.path)
+        )
+
+    def describe(self) -> dict:
+        return {**self.spec, "hits": self.hits}
+
+
+class _Faults:
+    """The fault rules in force, with how often each has answered (thread-safe)."""
+
+    def __init__(self, spec: dict | None = None, digest: str | None = None):
+        spec = spec or {}
+        if not isinstance(spec, dict):
+            raise ValueError(f"faults are a JSON object, got {type(spec).__name__}")
+        unknown = set(spec) - {"token", "rules"}
+        if unknown:
+            raise ValueError(f"unknown keys in faults: {sorted(unknown)} (known: token, rules)")
+        rules = spec.get("rules") or []
+        if not isinstance(rules, list):
+            raise ValueError("faults.rules is a list")
+        self.rules = [_Rule(r) for r in rules]
+        self.token_set = "token" in spec
+        self.token = spec.get("token")
+        if self.token is not None and not isinstance(self.token, str):
+            raise ValueError("faults.token is a string or null")
+        self.digest = digest
+        self._lock = threading.Lock()
+
+    def take(self, kind: str, method: str, target: str, stall: bool) -> _Rule | None:
+        """The first rule (of the stall or of the status sort) that answers this request; counts the use."""
+        with self._lock:
+            for rule in self.rules:
+                if rule.is_stall == stall and rule.matches(kind, method, target):
+                    rule.hits += 1
+                    return rule
+        return None
+
+    def describe(self) -> dict:
+        with self._lock:
+            return {"rules": [r.describe() for r in self.rules], "digest": self.digest}
+
+
+def _admin_allowed(client: str, bound: str) -> bool:
+    """/_sandbox/ endpoints: only this machine (loopback, or the hub's own address as the source)."""
+    try:
+        return ipaddress.ip_address(client).is_loopback or client == bound
+    except ValueError:
+        return False
+
+
+def admin_request(url: str, path: str, body: dict | None = None, timeout: float = 10.0) -> dict:
+    """GET (or POST with a JSON body) one of a hub's /_sandbox/ endpoints; never through a proxy."""
+    data = None if body is None else json.dumps(body).encode()
+    req = Request(url.rstrip("/") + path, data=data, method="GET" if body is None else "POST",
+                  headers={"Content-Type": "application/json"} if data is not None else {})
+    with build_opener(ProxyHandler({})).open(req, timeout=timeout) as response:
+        return json.loads(response.read())
 
 
 class _Pacer:
     """One byte budget for the whole server: throttle_bps over all connections."""
 
-    def __init__(self, hub: "HubServer"):
+    def __init__(self, hub: HubServer):
         self._hub = hub
         self._lock = threading.Lock()
         self._next = 0.0
@@ -213,7 +361,7 @@ class _HTTPError(Exception):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, like the Hub
     server_version = "sandbox-hub/1"
-    hub: "HubServer"  # set on the subclass made per HubServer
+    hub: HubServer  # set on the subclass made per HubServer
 
     # quiet unless the server is verbose
     def log_message(self, format: str, *args) -> None:  # noqa: A002
@@ -238,8 +386,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
+        self._body = self.rfile.read(length) if length else b""
         self._dispatch("POST")
 
     # -- routing -----------------------------------------------------------
@@ -257,9 +404,23 @@ class _Handler(BaseHTTPRequestHandler):
             authorization=bool(self.headers.get("Authorization")),
             client=self.client_address[0] if self.client_address else "",
             address=str(self.server.server_address[0]),
+            started=t0,
         )
+        if path.startswith("/_sandbox/"):
+            self._admin(rec, method, path, query)  # the control plane: not logged, never faulted
+            return
+        fault_kind, target = None, path
+        if "/resolve/" in path and method in ("GET", "HEAD"):
+            rec.kind = fault_kind = "resolve"
+            rec.file = target = unquote(path.split("/resolve/", 1)[1].partition("/")[2])
+        elif path.startswith("/api/"):
+            fault_kind = "api"
         self.hub._record(rec)  # logged now, updated live (bytes_sent grows while the body goes out)
         try:
+            rule = self.hub._faults.take(fault_kind, method, target, stall=False) if fault_kind else None
+            if rule is not None:
+                rec.fault = str(rule.status)
+                raise _fault_error(rule)
             if path in ("/", "/health"):
                 rec.kind = "health"
                 self._send_json(rec, method, {"status": "ok", "server": "sandbox hub"})
@@ -286,6 +447,34 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             rec.seconds = time.monotonic() - t0
+            rec.done = True
+
+    def _admin(self, rec: RequestRecord, method: str, path: str, query: dict[str, str]) -> None:
+        try:
+            if not _admin_allowed(rec.client, rec.address):
+                raise _HTTPError(403, None, "the /_sandbox/ endpoints answer this machine only")
+            settle = min(float(query.get("settle") or 0), 30.0)
+            if path == "/_sandbox/stats" and method in ("GET", "HEAD"):
+                self._send_json(rec, method, self.hub.stats(settle_s=settle))
+            elif path == "/_sandbox/stats/reset" and method == "POST":
+                self._send_json(rec, method, self.hub.stats(reset=True, settle_s=settle))
+            elif path == "/_sandbox/faults" and method in ("GET", "HEAD"):
+                self._send_json(rec, method, self.hub.faults())
+            elif path == "/_sandbox/faults" and method == "POST":
+                try:
+                    spec = json.loads(self._body or b"null")
+                    self.hub.set_faults(spec, digest=hashlib.sha256(self._body).hexdigest() if spec else None)
+                except ValueError as e:
+                    raise _HTTPError(400, None, f"bad faults: {e}") from None
+                self._send_json(rec, method, self.hub.faults())
+            else:
+                raise _HTTPError(404, None, "Not found")
+        except ValueError:
+            self._send_error(rec, method, _HTTPError(400, None, "settle is a number of seconds"))
+        except _HTTPError as e:
+            self._send_error(rec, method, e)
+        except OSError:
+            self.close_connection = True
 
     def _get_pip(self, rec: RequestRecord, method: str) -> None:
         """The sandbox's stand-in for bootstrap.pypa.io/get-pip.py (sandbox/getpip.py)."""
@@ -473,23 +662,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "HEAD" or length == 0:
             return
-        self._send_file(rec, f.disk, start, length)
+        stall = self.hub._faults.take("resolve", method, f.path, stall=True)
+        self._send_file(rec, f.disk, start, length, stall)
 
-    def _send_file(self, rec: RequestRecord, disk: Path, offset: int, length: int) -> None:
+    def _send_file(self, rec: RequestRecord, disk: Path, offset: int, length: int, stall: _Rule | None = None) -> None:
         sock = self.connection
         rec.complete = False
         with open(disk, "rb") as fh:
+            if stall is not None:
+                rec.fault = "stall"
+                first = min(stall.after_bytes, length)
+                self._send_chunks(rec, fh, offset, first)
+                self._stall(stall.stall)
+                offset, length = offset + first, length - first
             if self.hub.throttle_bps:
-                fh.seek(offset)
-                remaining = length
-                while remaining > 0:
-                    chunk = fh.read(min(_CHUNK, remaining))
-                    if not chunk:
-                        raise ConnectionAbortedError("file shrank while serving")
-                    self.hub._pacer.wait(len(chunk))
-                    sock.sendall(chunk)
-                    rec.bytes_sent += len(chunk)
-                    remaining -= len(chunk)
+                self._send_chunks(rec, fh, offset, length)
             else:
                 pos, remaining = offset, length
                 while remaining > 0:
@@ -505,6 +692,38 @@ class _Handler(BaseHTTPRequestHandler):
                     rec.bytes_sent += n
         rec.complete = True
 
+    def _send_chunks(self, rec: RequestRecord, fh, offset: int, length: int) -> None:
+        """Send length bytes from offset with read + sendall, through the pacer when throttled."""
+        fh.seek(offset)
+        remaining = length
+        while remaining > 0:
+            chunk = fh.read(min(_CHUNK, remaining))
+            if not chunk:
+                raise ConnectionAbortedError("file shrank while serving")
+            self.hub._pacer.wait(len(chunk))
+            self.connection.sendall(chunk)
+            rec.bytes_sent += len(chunk)
+            remaining -= len(chunk)
+
+    def _stall(self, seconds: float | None) -> None:
+        """Send nothing for `seconds` (None: until the client goes away or the server stops)."""
+        sock = self.connection
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while True:
+            if self.hub._stopping.is_set():
+                raise ConnectionAbortedError("the hub is stopping")
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                return
+            readable, _, _ = select.select([sock], [], [], left)
+            if readable:  # mid-response, readable means the client closed (or reset) the connection
+                try:
+                    if not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                        raise ConnectionAbortedError("the client went away during the stall")
+                except BlockingIOError:
+                    pass
+                time.sleep(left)
+
     # -- responses ---------------------------------------------------------------
 
     def _send_json(self, rec: RequestRecord, method: str, obj) -> None:
@@ -517,8 +736,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if method != "HEAD":
+            self._write_body(rec, body)
+
+    def _write_body(self, rec: RequestRecord, body: bytes) -> None:
+        rec.bytes_sent += len(body)  # counted first: the client may have it before this thread runs again
+        try:
             self.wfile.write(body)
-            rec.bytes_sent += len(body)
+        except OSError:
+            rec.bytes_sent -= len(body)
+            raise
 
     def _send_error(self, rec: RequestRecord, method: str, e: _HTTPError) -> None:
         body = json.dumps({"error": e.message}).encode()
@@ -533,7 +759,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         if method != "HEAD":
-            self.wfile.write(body)
+            self._write_body(rec, body)
+
+
+_FAULT_MESSAGES = {
+    429: "You have exceeded our rate limit. Retry later.",
+    500: "Internal Error - We're working hard to fix this as soon as possible!",
+}
+
+
+def _fault_error(rule: _Rule) -> _HTTPError:
+    headers = {"Retry-After": str(rule.retry_after)} if rule.retry_after is not None else {}
+    message = _FAULT_MESSAGES.get(rule.status) or HTTPStatus(rule.status).phrase
+    return _HTTPError(rule.status, None, message, headers=headers)
 
 
 def _truthy(v: str | None) -> bool:
@@ -589,18 +827,23 @@ class HubServer:
 
     def __init__(
         self,
-        repos: dict[str, "Path | str | ModelInfo | list[Path | str | ModelInfo]"],
+        repos: dict[str, Path | str | ModelInfo | list[Path | str | ModelInfo]],
         addresses: list[str] | tuple[str, ...] = ("127.0.0.1",),
         port: int = 0,
         token: str | None = None,
         throttle_bps: int | None = None,
         verbose: bool = False,
+        faults: dict | None = None,
     ):
         if not addresses:
             raise ValueError("HubServer needs at least one address")
         self.addresses = list(addresses)
         self.port = port
         self.token = token
+        self._start_token = token
+        self._faults = _Faults()
+        self._stopping = threading.Event()
+        self._since = time.time()
         self.throttle_bps = throttle_bps
         self.verbose = verbose
         self._repos: dict[str, _Repo] = {}
@@ -614,6 +857,8 @@ class HubServer:
         self._conns: set[socket.socket] = set()
         self._pacer = _Pacer(self)
         self.requests: list[RequestRecord] = []
+        if faults:
+            self.set_faults(faults)
 
     # -- info ------------------------------------------------------------------
 
@@ -656,6 +901,79 @@ class HubServer:
     def reset_log(self) -> None:
         with self._lock:
             self.requests.clear()
+            self._since = time.time()
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until every logged request is finished (its byte count final); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                busy = any(not r.done for r in self.requests)
+            if not busy:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def stats(self, reset: bool = False, settle_s: float = 0.0) -> dict:
+        """Body bytes served since the last reset: in total, per file (/resolve/ GETs) and per client address.
+
+        settle_s: first wait up to that long for requests in flight to finish (in_flight says how many did not).
+
+        files[path]: bytes (of its content, 200/206 answers), requests (GETs of it, errors included),
+        full (200 answers that sent the whole file). clients[address]: requests, bytes (every body),
+        file_bytes, files {path: bytes}.
+        A body still going out counts what was sent so far; reset=True answers, then starts over.
+        """
+        if settle_s > 0:
+            self.wait_idle(settle_s)
+        with self._lock:
+            recs = list(self.requests)
+            since = self._since
+            if reset:
+                self.requests.clear()
+                self._since = time.time()
+        files: dict[str, dict] = {}
+        clients: dict[str, dict] = {}
+        for r in recs:
+            c = clients.setdefault(r.client, {"requests": 0, "bytes": 0, "file_bytes": 0, "files": {}})
+            c["requests"] += 1
+            c["bytes"] += r.bytes_sent
+            if r.kind == "resolve" and r.method == "GET" and r.file is not None:
+                f = files.setdefault(r.file, {"bytes": 0, "requests": 0, "full": 0})
+                f["requests"] += 1
+                if r.status in (200, 206):  # file content (an error's JSON body counts in bytes only)
+                    f["bytes"] += r.bytes_sent
+                    f["full"] += int(r.complete and r.status == 200 and r.fault is None)
+                    c["file_bytes"] += r.bytes_sent
+                    c["files"][r.file] = c["files"].get(r.file, 0) + r.bytes_sent
+        return {
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)),
+            "requests": len(recs),
+            "in_flight": sum(not r.done for r in recs),
+            "bytes": sum(r.bytes_sent for r in recs),
+            "file_bytes": sum(f["bytes"] for f in files.values()),
+            "files": files,
+            "clients": clients,
+        }
+
+    # -- faults ----------------------------------------------------------------------
+
+    def set_faults(self, spec: dict | None, digest: str | None = None) -> None:
+        """Replace the fault rules (None or {}: none) and the token rule; counts start over.
+
+        Raises ValueError (and changes nothing) when the spec is malformed.
+        """
+        faults = _Faults(spec, digest)
+        self._faults = faults
+        self.token = faults.token if faults.token_set else self._start_token
+
+    def clear_faults(self) -> None:
+        self.set_faults(None)
+
+    def faults(self) -> dict:
+        """The rules in force with their hit counts, and whether a token is required (never the token)."""
+        return {**self._faults.describe(), "token_required": self.token is not None}
 
     # -- connections ---------------------------------------------------------------
 
@@ -676,9 +994,10 @@ class HubServer:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def start(self) -> "HubServer":
+    def start(self) -> HubServer:
         if self._servers:
             return self
+        self._stopping.clear()
         handler = type("_BoundHandler", (_Handler,), {"hub": self})
         last_err: OSError | None = None
         for _attempt in range(50):
@@ -713,6 +1032,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()  # stalled responses end now
         for srv in self._servers:
             srv.shutdown()
         self.drop_connections()
@@ -722,7 +1042,7 @@ class HubServer:
             t.join(timeout=5)
         self._servers, self._threads = [], []
 
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -752,8 +1072,30 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--throttle-file", type=Path,
                    help="a file holding a rate in MB/s that overrides --throttle-mbps while it exists (tests)")
     s.add_argument("--ready-file", type=Path, help="write {url, urls, port, repo, commit, files} here once serving")
+    s.add_argument("--faults-file", type=Path,
+                   help="a JSON file of faults (see the module doc), read at start and whenever it changes; "
+                        "removing it clears them")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
+    st = sub.add_parser("stats", help="print a running hub's byte accounting (JSON)")
+    st.add_argument("--url", required=True, help="the hub's endpoint, e.g. http://127.0.0.1:18080")
+    st.add_argument("--reset", action="store_true", help="print, then start counting from zero")
+    fa = sub.add_parser("faults", help="print (or set) a running hub's faults (JSON)")
+    fa.add_argument("--url", required=True, help="the hub's endpoint")
+    fa.add_argument("spec", nargs="?", help="faults as JSON ('{}' or 'null' clears them); omitted: print")
     args = ap.parse_args(argv)
+
+    if args.cmd == "stats":
+        path = ("/_sandbox/stats/reset" if args.reset else "/_sandbox/stats") + "?settle=2"
+        print(json.dumps(admin_request(args.url, path, body={} if args.reset else None, timeout=15),
+                         indent=1, sort_keys=True))
+        return 0
+    if args.cmd == "faults":
+        if args.spec is None:
+            out = admin_request(args.url, "/_sandbox/faults")
+        else:
+            out = admin_request(args.url, "/_sandbox/faults", body=json.loads(args.spec))
+        print(json.dumps(out, indent=1, sort_keys=True))
+        return 0
 
     token = None
     if args.token_env:
@@ -803,6 +1145,34 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.throttle_file:
         threading.Thread(target=follow_throttle_file, daemon=True).start()
+
+    def load_faults_file(last: str | None) -> str | None:
+        """Apply the faults file when its content changed; returns the digest now in force."""
+        try:
+            raw = args.faults_file.read_bytes()
+        except OSError:
+            if last is not None:
+                hub.clear_faults()
+                print("faults cleared (faults file removed)", flush=True)
+            return None
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest != last:
+            try:
+                hub.set_faults(json.loads(raw or b"null"), digest=digest)
+                print(f"faults from {args.faults_file}: {hub.faults()}", flush=True)
+            except ValueError as e:
+                print(f"faults file {args.faults_file} ignored: {e}", flush=True)
+        return digest
+
+    if args.faults_file:
+        faults_digest = load_faults_file(None)  # in force before the first request
+
+        def follow_faults_file() -> None:
+            nonlocal faults_digest
+            while not stop.wait(0.2):
+                faults_digest = load_faults_file(faults_digest)
+
+        threading.Thread(target=follow_faults_file, daemon=True).start()
     with hub:
         print(f"repo {args.repo} revision {info.commit} ({len(info.files)} files, {info.total_bytes} bytes)")
         for u in hub.urls:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.error import HTTPError
 
 import yaml
 
@@ -28,6 +29,8 @@ HUB_PORT = 18080
 THROTTLE_MBPS = 16.0
 # while this file exists, the rate it holds (MB/s) applies instead (tests slow a download down)
 THROTTLE_FILE = STATE_DIR / "hub-throttle-mbps"
+# while this file exists, the faults it holds (JSON, see sandbox/hub.py) apply: set_faults() writes it
+FAULTS_FILE = STATE_DIR / "hub-faults.json"
 
 
 def profile() -> dict:
@@ -82,7 +85,7 @@ def start(size_mb: int = 40) -> dict:
     argv = [sys.executable, "-m", "sandbox.hub", "serve", "--port", str(HUB_PORT), "--repo", prof["repo"],
             "--commit", prof["revision"], "--size-mb", str(size_mb), "--model-dir", str(model_dir),
             "--format", prof["quantization"]["format"], "--throttle-mbps", str(THROTTLE_MBPS),
-            "--ready-file", str(ready), "--throttle-file", str(THROTTLE_FILE)]
+            "--ready-file", str(ready), "--throttle-file", str(THROTTLE_FILE), "--faults-file", str(FAULTS_FILE)]
     for address in addresses:
         argv += ["--addr", address]
     log = open(STATE_DIR / "hub.log", "ab")
@@ -116,3 +119,57 @@ def stop() -> None:
             os.kill(pid, signal.SIGKILL)
     HUB_STATE.unlink(missing_ok=True)
     _address_on_lo(False)
+
+
+def stats(reset: bool = False, url: str = ENDPOINT, settle_s: float = 2.0) -> dict:
+    """The running hub's byte accounting (see HubServer.stats), after waiting up to settle_s for requests
+    in flight to finish; reset=True also starts it over."""
+    from sandbox.hub import admin_request
+
+    path = ("/_sandbox/stats/reset" if reset else "/_sandbox/stats") + f"?settle={settle_s:g}"
+    try:
+        return admin_request(url, path, body={} if reset else None, timeout=10 + settle_s)
+    except HTTPError as e:
+        raise RuntimeError(f"{url} answered HTTP {e.code} to {path}: not the sandbox hub, or one started before it "
+                           f"had /_sandbox/ endpoints (python -m sandbox down; up)") from None
+    except OSError as e:
+        raise RuntimeError(f"the sandbox hub does not answer at {url} ({e}); python -m sandbox up starts it") from None
+
+
+def set_faults(spec: dict | None, url: str = ENDPOINT, wait_s: float = 5.0) -> dict:
+    """Put faults in force on the running hub through FAULTS_FILE (None: clear them); waits until it
+    has loaded them (a hub started before the faults file existed: RuntimeError). Returns its faults."""
+    import hashlib
+
+    from sandbox.hub import _Faults, admin_request
+
+    _Faults(spec)  # a malformed spec fails here (ValueError), before anything changes
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    if not spec:
+        FAULTS_FILE.unlink(missing_ok=True)
+        try:  # also faults set through the endpoint
+            admin_request(url, "/_sandbox/faults", body={})
+        except OSError as e:
+            raise RuntimeError(f"the sandbox hub does not answer at {url} ({e})") from None
+        want = None
+    else:
+        raw = json.dumps(spec, indent=1).encode()
+        tmp = FAULTS_FILE.with_suffix(".tmp")
+        tmp.write_bytes(raw)
+        tmp.replace(FAULTS_FILE)
+        want = hashlib.sha256(raw).hexdigest()
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            now = admin_request(url, "/_sandbox/faults")
+        except HTTPError as e:
+            raise RuntimeError(f"{url} answered HTTP {e.code} to /_sandbox/faults: not the sandbox hub, or one "
+                               f"started before it had /_sandbox/ endpoints (python -m sandbox down; up)") from None
+        except OSError as e:
+            raise RuntimeError(f"the sandbox hub does not answer at {url} ({e})") from None
+        if now.get("digest") == want:
+            return now
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the sandbox hub did not load {FAULTS_FILE} within {wait_s:.0f} s "
+                               f"(started before it followed a faults file? python -m sandbox down; up)")
+        time.sleep(0.05)

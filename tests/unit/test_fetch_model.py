@@ -57,6 +57,9 @@ def test_downloads_verifies_and_writes_the_marker(hub, tmp_path):
     proc = fetch(server, info, local_dir, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verified" in proc.stdout and TOKEN not in proc.stdout + proc.stderr
+    fetched_line, verified_line = proc.stdout.strip().splitlines()[-2:]  # what the deploy shows of the journal
+    assert verified_line.startswith(f"verified {len(info.files)} files, {info.total_bytes} bytes, downloaded ")
+    assert fetched_line.startswith(f"fetched {info.total_bytes} bytes of files (")
     marker = json.loads((local_dir / ".sglang-converge.json").read_text())
     assert marker["repo"] == REPO and marker["revision"] == info.commit
     assert marker["files"] == {path: size for path, size, _sha in info.files}
@@ -68,9 +71,10 @@ def test_a_wrong_token_fails_and_writes_no_marker(hub, tmp_path):
     server, info = hub
     local_dir = tmp_path / "tiny"
     proc = fetch(server, info, local_dir, tmp_path, token="hf_wrong")
-    assert proc.returncode != 0
+    assert proc.returncode == 5, proc.stdout + proc.stderr  # the Hub refused the token: not retried
+    assert proc.stdout.strip().splitlines()[-1] == f"FAILED: the Hub refused the token (401) for {REPO}"
     assert not (local_dir / ".sglang-converge.json").exists()
-    assert "hf_wrong" not in proc.stdout
+    assert "hf_wrong" not in proc.stdout + proc.stderr
 
 
 def test_verify_names_a_missing_shard_and_a_size_mismatch(tmp_path):
