@@ -68,10 +68,16 @@ def _address_on_lo(present: bool) -> None:
         subprocess.run(["ip", "addr", "del", f"{HUB_ADDRESS}/32", "dev", "lo"], check=False)
 
 
+def _serves(state: dict, prof: dict, size_mb: int) -> bool:
+    """The running hub serves this checkout's sandbox profile (an older profile's hub is restarted)."""
+    return (state.get("repo"), state.get("revision"), state.get("format"), state.get("size_mb")) == (
+        prof["repo"], prof["revision"], prof["quantization"]["format"], size_mb)
+
+
 def start(size_mb: int = 40) -> dict:
-    """Start the hub unless it runs."""
+    """Start the hub unless it runs, serving this checkout's profile (else restart it)."""
     state = read_state()
-    if state:
+    if state and _serves(state, profile(), size_mb):
         return state
     stop()
     _address_on_lo(True)
@@ -97,7 +103,8 @@ def start(size_mb: int = 40) -> dict:
             raise RuntimeError(f"the sandbox hub did not start; see {STATE_DIR / 'hub.log'}")
         time.sleep(0.1)
     state = {"pid": proc.pid, "addresses": addresses, "port": HUB_PORT, "repo": prof["repo"],
-             "revision": prof["revision"]}
+             "revision": prof["revision"], "format": prof["quantization"]["format"], "size_mb": size_mb,
+             "src": str(REPO_ROOT)}
     HUB_STATE.write_text(json.dumps(state))
     return state
 
