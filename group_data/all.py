@@ -1,5 +1,5 @@
 # Defaults for every host: each module-level name is a host.data key that
-# tasks/spec.py validates into a Spec (unknown keys are errors, so a typo such
+# tasks/spec/ validates into a Spec (unknown keys are errors, so a typo such
 # as `tp_sise` fails before any host is touched). Hosts and groups override
 # these in inventory/*.py and group_data/<group>.py. pyinfra's own keys
 # (ssh_*, _sudo, ...) are not ours and pass through untouched.

@@ -4,7 +4,7 @@
 # router's runtime API (POST /workers) once ready and leave it (DELETE) before
 # a restart; the router's own deploy re-registers the ready ones after a
 # router restart (the list lives in the router's memory). The servers' keys of
-# group_data/all.py (model, gpu_ids, ...) do not apply here; tasks/spec.py
+# group_data/all.py (model, gpu_ids, ...) do not apply here; tasks/spec/
 # (RouterSettings) validates these.
 role = "router"
 router_url = None                       # URL servers and clients reach this router at (set per host in the inventory)

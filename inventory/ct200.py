@@ -1,6 +1,6 @@
 # The reference host: 8x RTX PRO 6000 Blackwell (SM120, 96 GB, PCIe, no NVLink),
 # Kimi K2.6 with TP 8. Defaults are in group_data/all.py; keys are checked by
-# tasks/spec.py. Export SGLANG_API_KEY on the controller before deploying.
+# tasks/spec/. Export SGLANG_API_KEY on the controller before deploying.
 ct200 = [
     (
         "ct200",

@@ -34,7 +34,7 @@ if _MISSING:
 sandbox = [(name, _UP[name]) for name in _RANKS]
 
 # The node group, once: each host's --nnodes, --node-rank and --dist-init-addr
-# (rank 0's ssh_hostname and the port) are derived from it by tasks/spec.py.
+# (rank 0's ssh_hostname and the port) are derived from it by tasks/spec/.
 sandbox_tp16 = (
     list(_RANKS),
     {

@@ -5,7 +5,7 @@ a set), so this drives pyinfra's API the way its CLI does - State, Inventory,
 Config, connect_all, load the deploy file, run_ops - once per batch, over the
 hosts of that batch only:
 
-1. settings of every targeted host validated (tasks/spec.py), then a fleet
+1. settings of every targeted host validated (tasks/spec/), then a fleet
    preflight: every server's GPUs, driver, disk and port gathered in
    parallel; every host that cannot take the model is reported, and nothing
    changes anywhere unless all can;

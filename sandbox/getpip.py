@@ -6,7 +6,7 @@ Like the real script it is one self-contained Python file carrying pip's own
 wheel, base85-encoded, and it installs pip into the interpreter that runs it
 with that pip (arguments are passed on to `pip install`, e.g.
 --disable-pip-version-check). Unlike it, it installs only pip and never asks
-an index. The deploy's get-pip path (tasks/python_env.py: curl the URL, run it
+an index. The deploy's get-pip path (core/venv_ops.py: curl the URL, run it
 with the venv's python) is the production one.
 """
 

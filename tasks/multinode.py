@@ -1,6 +1,6 @@
 """Multi-node tensor parallelism: the ranks of one TP group act as one.
 
-A node group (tasks/spec.py: ``node_group`` once in the group's data, or the
+A node group (tasks/spec/: ``node_group`` once in the group's data, or the
 per-host ``nnodes`` / ``node_rank`` / ``dist_init_addr``) is all-or-nothing:
 
 - (re)start: when one rank must restart, every rank does (SGLang's TP group
