@@ -14,11 +14,13 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.context import state
 
-from core.paths import GB
+from core.paths import GB, SYSTEMD_DIR
 from core.runstate import run_state
 from facts.files import FileDigest, FileText
 
 MASK = "********"
+# The first line of every file the deploy writes from templates/: it claims the file (managed_file).
+MANAGED_MARKER = "# Managed by sglang-converge"
 # lines that say why a host failed, best first (remote scripts and steps print them)
 _CAUSE_PREFIXES = ("cause:", "FAILED:", "VERIFY FAILED:", "preflight:", "service:", "router:", "model:", "readiness:")
 
@@ -127,17 +129,37 @@ def print_diff(path: str, old: str | None, new: str, secrets: Iterable[str] = ()
         logger.info("    %s", line.rstrip("\n"))
 
 
+def claims(content: str) -> bool:
+    """The text carries our marker line: a file the deploy owns."""
+    return any(line.strip().startswith(MANAGED_MARKER) for line in content.splitlines())
+
+
+def foreign_file_message(dest: str, setting: str) -> str:
+    kind = "unit file" if dest.startswith(SYSTEMD_DIR + "/") else "file"
+    return (
+        f"{kind} {dest} exists and is not managed by sglang-converge (no {MANAGED_MARKER!r} line): "
+        f"refusing to overwrite it; choose another {setting}"
+    )
+
+
 @operation()
-def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] | None = None):
+def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] | None = None,
+                 setting: str = "unit_name (router_unit_name on a router host)"):
     """
     Write a file atomically (temp file of the final mode, then rename), so a
     dropped connection never leaves a half-written unit and a secret file is
     never readable by others, not even for a moment.
 
+    Content that carries our marker line (``# Managed by sglang-converge``,
+    the templates' first line) claims ``dest``: a file already there without
+    that line is someone else's (``ssh.service``, say) and is never
+    overwritten: the operation fails naming it and ``setting``.
+
     + dest: absolute path on the host
     + content: the file's text
     + mode: octal mode, e.g. "600" for files holding secrets
     + secrets: values masked as ******** in the --diff output
+    + setting: the setting that chose ``dest``, named when a foreign file is refused
 
     .. code:: python
 
@@ -149,7 +171,12 @@ def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] 
         host.noop(f"{dest} is up to date")
         return
     if digest is None or digest["sha256"] != wanted:
-        old = host.get_fact(FileText, path=dest) if digest else None
+        old = (host.get_fact(FileText, path=dest) or "") if digest else None  # "": an empty file
+        if old is not None and claims(content) and not claims(old):
+            message = foreign_file_message(dest, setting)
+            plan(message)
+            yield fail_command(message)
+            return
         print_diff(dest, old, content, secrets or [])
         tmp = dest + ".sgc-new"
         parent = dest.rsplit("/", 1)[0] or "/"

@@ -11,6 +11,7 @@ problem of a list, say). Checks that take an example (``abs_path("e.g.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import ipaddress
 import posixpath
 import re
@@ -65,12 +66,20 @@ NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 
 
 def is_host_address(value: str) -> bool:
-    """An IP address or a DNS hostname."""
+    """An IP address (v4 or v6) or a DNS hostname.
+
+    A name whose last label is all digits ('999.1.1.1', '10.0.0.256') is no
+    host name: resolvers read it as an IPv4 address, and it is not a valid one.
+    """
     try:
         ipaddress.ip_address(value)
         return True
     except ValueError:
-        return bool(_HOSTNAME.match(value))
+        return bool(_HOSTNAME.match(value)) and not value.rsplit(".", 1)[-1].isdigit()
+
+
+def _looks_like_ipv4(value: str) -> bool:
+    return bool(re.fullmatch(r"[0-9.]+", value)) and any(c.isdigit() for c in value)
 
 
 def normalized_abs_path(value: str, what: str) -> str:
@@ -85,6 +94,47 @@ def normalized_abs_path(value: str, what: str) -> str:
 def abs_path(what: str) -> AfterValidator:
     """An absolute path on the host, normalized; ``what`` ends the message (an example)."""
     return AfterValidator(lambda v: normalized_abs_path(v, what))
+
+
+# Directories of the system: the deploy never writes into one, nor into a directory directly under one.
+SYSTEM_DIRS: frozenset[str] = frozenset({
+    "/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/var", "/boot",
+    "/proc", "/sys", "/dev", "/run", "/home", "/root", "/tmp",
+})
+# Examples of a good value, per field (the message of a refused one shows it).
+_DIR_EXAMPLES = {"router_venv_path": "/opt/sglang-router/venv", "model_dir": "/srv/models/kimi-k2.6"}
+
+
+def own_dir_problem(norm: str) -> str | None:
+    """Why a normalized absolute path is no directory the deploy may write into and delete in (None: fine).
+
+    It must not be a system directory, nor directly under one, nor directly under
+    '/' (so '/opt' and '/srv' are refused, '/opt/sglang/venv' and '/srv/models/x' are fine).
+    """
+    parent = posixpath.dirname(norm)
+    if norm == "/":
+        return "the root directory"
+    if norm in SYSTEM_DIRS:
+        return "a system directory"
+    if parent == "/":
+        return "a top-level directory (directly under /)"
+    if parent in SYSTEM_DIRS:
+        return f"directly under the system directory {parent}"
+    return None
+
+
+def _own_dir(value: str, info: ValidationInfo) -> str:
+    example = _DIR_EXAMPLES.get(info.field_name or "", "/opt/sglang/venv")
+    norm = normalized_abs_path(value, f"e.g. {example!r}")
+    problem = own_dir_problem(norm)
+    if problem:
+        shown = f"is {norm!r}, " if norm != value else ""
+        raise ValueError(
+            f"{shown}{problem}: the deploy creates and deletes files in it; allowed: a directory of its own "
+            f"at least two levels below / and not directly under a system directory "
+            f"({', '.join(sorted(SYSTEM_DIRS - {'/'}))}), e.g. {example!r}"
+        )
+    return norm
 
 
 def http_url(value: str) -> str:
@@ -102,6 +152,11 @@ def base_url(value: str) -> str:
         _ = parsed.port  # raises for a port out of range
     except ValueError:
         raise ValueError("has an invalid port: allowed: 1..65535, e.g. 'http://10.0.0.5:30000'") from None
+    if not is_host_address(parsed.hostname or ""):
+        raise ValueError(
+            f"host {parsed.hostname or ''!r} is not an IP address or DNS hostname: allowed: "
+            "scheme://host[:port], e.g. 'http://10.0.0.5:30000' or 'http://gpu-a.example.com:30000'"
+        )
     if parsed.path not in ("", "/") or parsed.query or parsed.fragment:
         raise ValueError("must be scheme://host[:port] without a path, e.g. 'http://10.0.0.5:30000'")
     return value.rstrip("/")
@@ -114,7 +169,12 @@ def url_port(value: str) -> int:
 
 def _host_address(value: str) -> str:
     if not is_host_address(value):
-        raise ValueError("must be an IP address or hostname, e.g. '0.0.0.0' or '127.0.0.1'")
+        why = "looks like an IPv4 address but is not one (four numbers 0..255): " if _looks_like_ipv4(value) else ""
+        raise ValueError(
+            f"{why}allowed: an IP address or hostname (an IPv4 or IPv6 address, or DNS labels of letters, "
+            "digits and '-' joined by '.', none starting or ending with '-', the last not all digits), "
+            "e.g. '0.0.0.0', '::1' or 'gpu-a.example.com'"
+        )
     return value
 
 
@@ -138,14 +198,36 @@ def _pip_wheel_file(value: str) -> str:
     return str(path)
 
 
+# Units of the system (fnmatch patterns): never ours to write and restart. The host-side
+# check (core/ops.py managed_file: no marker line, no overwrite) covers every other unit.
+SYSTEM_UNITS: tuple[str, ...] = (
+    "ssh.service", "ssh@*.service", "sshd.service", "sshd@*.service", "systemd-*.service", "dbus*.service",
+    "getty@*.service", "serial-getty@*.service", "console-getty.service", "user@*.service",
+    "user-runtime-dir@*.service", "cron.service", "crond.service", "networking.service",
+    "NetworkManager*.service", "docker.service", "containerd.service", "nvidia-persistenced.service",
+    "nvidia-fabricmanager.service", "polkit.service", "rsyslog.service", "emergency.service", "rescue.service",
+)
+
+
+def system_unit(name: str) -> str | None:
+    """The SYSTEM_UNITS pattern ``name`` matches (None: not a system unit)."""
+    return next((p for p in SYSTEM_UNITS if fnmatch.fnmatchcase(name, p)), None)
+
+
 def service_unit(example: str) -> AfterValidator:
-    """A systemd unit name ending in '.service' (one '@instance' allowed)."""
+    """A systemd unit name ending in '.service' (one '@instance' allowed), not a unit of the system."""
 
     def check(value: str) -> str:
         if len(value) > 255 or not _UNIT_NAME.match(value) or value.endswith("@.service"):
             raise ValueError(
                 "must be a systemd unit name ending in '.service' (letters, digits, ':', '_', '.', '-', "
                 f"'\\', one '@instance'; no '/'), e.g. {example!r}"
+            )
+        pattern = system_unit(value)
+        if pattern:
+            raise ValueError(
+                f"a unit of the system ({pattern!r}): the deploy would overwrite its unit file and restart it; "
+                f"allowed: a unit of our own, e.g. {example!r}"
             )
         return value
 
@@ -358,12 +440,17 @@ def _revision(value: str) -> str:
 def _served_name(value: str) -> str:
     if not _SERVED_NAME.match(value):
         raise ValueError("must be non-empty, without spaces (letters, digits, '.', '_', ':', '/', '-')")
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        # it names the default model_dir (/srv/models/<served_model_name>): no way out of it
+        raise ValueError("must not hold empty, '.' or '..' path parts: allowed: e.g. 'kimi-k2.6' or 'org/model'")
     return value
 
 
 # ---------------------------------------------------------------- the field types
 
 HostAddress = Annotated[StrictStr, AfterValidator(_host_address)]
+# A directory the deploy creates and deletes content in (venv_path, model_dir, router_venv_path).
+OwnDir = Annotated[StrictStr, AfterValidator(_own_dir)]
 HttpUrl = Annotated[StrictStr, AfterValidator(http_url)]
 BaseUrl = Annotated[StrictStr, AfterValidator(base_url)]  # a router's or worker's URL, no path
 SecretEnvName = Annotated[StrictStr, AfterValidator(_secret_env_name)]

@@ -12,10 +12,10 @@ from tasks.spec.fields import (
     BaseUrl,
     HostAddress,
     Number,
+    OwnDir,
     Port,
     RouterArgs,
     SecretEnvName,
-    abs_path,
     pinned_requirement,
     python_module,
     service_unit,
@@ -41,8 +41,10 @@ class RouterSettings(CommonSettings):
     router_module: Annotated[StrictStr, python_module("sglang_router.launch_router")] = Field(
         "sglang_router.launch_router", description="dotted Python module run with 'python -m'"
     )
-    router_venv_path: Annotated[StrictStr, abs_path("e.g. '/opt/sglang-router/venv'")] = Field(
-        "/opt/sglang-router/venv", description="absolute path of the router's venv on the host"
+    router_venv_path: OwnDir = Field(
+        "/opt/sglang-router/venv",
+        description="absolute path of the router's venv on the host, a directory of its own (at least two "
+        "levels below /, not directly under a system directory)",
     )
     router_listen_host: HostAddress = Field("0.0.0.0", description="an IP address or hostname to listen on")
     router_listen_port: Port = Field(30000, description="an integer 1..65535")

@@ -25,6 +25,7 @@ from tasks.spec.fields import (
     HttpUrl,
     NonNegativeInt,
     Number,
+    OwnDir,
     PackageNames,
     PinnedRequirements,
     Port,
@@ -34,7 +35,6 @@ from tasks.spec.fields import (
     SecretEnvName,
     ServerArgs,
     UnitNames,
-    abs_path,
     python_module,
     service_unit,
     url_port,
@@ -103,12 +103,16 @@ class HostSettings(CommonSettings):
     """One field per host.data key of ours (defaults match group_data/all.py)."""
 
     model: StrictStr = Field(description="the name of a profile in models/ (models/<model>.yaml)")
-    model_dir: Annotated[StrictStr, abs_path(f"or None for {MODELS_ROOT}/<served_model_name>")] | None = Field(
-        None, description=f"absolute path on the host; unset: {MODELS_ROOT}/<served_model_name>"
+    model_dir: OwnDir | None = Field(
+        None,
+        description="absolute path on the host of a directory of its own (at least two levels below /, not "
+        f"directly under a system directory); unset: {MODELS_ROOT}/<served_model_name>",
     )
     size_margin_gb: Number = Field(50.0, ge=0, description="GB kept free on the model's disk, a number >= 0")
-    venv_path: Annotated[StrictStr, abs_path("e.g. '/opt/sglang/venv'")] = Field(
-        "/opt/sglang/venv", description="absolute path of the server's venv on the host"
+    venv_path: OwnDir = Field(
+        "/opt/sglang/venv",
+        description="absolute path of the server's venv on the host, a directory of its own (at least two "
+        "levels below /, not directly under a system directory)",
     )
     packages: PinnedRequirements = Field(
         default_factory=lambda: ["sglang==0.5.23"],
