@@ -7,6 +7,10 @@ run_pyinfra: run the pyinfra CLI against the sandbox hosts.
 
 Tests that boot sandbox hosts are marked @pytest.mark.sandbox; they need
 root and are skipped without it (or with SGC_SKIP_SANDBOX=1).
+
+Under CI=true (CI sets it; .ci/run exports it) a skipped test of any kind
+fails the run: the session exits 1 and the summary lists every skipped
+test's id and reason (tests/unit/test_ci_skips.py proves it).
 """
 
 from __future__ import annotations
@@ -43,6 +47,50 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("sandbox") is not None:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------ CI: a skip is a failure
+
+_SKIPPED: list[tuple[str, str]] = []  # (test id, reason) of every skip in this session
+
+
+def in_ci() -> bool:
+    """CI=true (or 1/yes): a skipped test fails the run instead of passing it quietly."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: REASON")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_sessionstart(session):
+    _SKIPPED.clear()
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):  # skip marks, skipif, pytest.skip in tests/fixtures
+        _SKIPPED.append((report.nodeid, _skip_reason(report)))
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a module skipped as a whole (pytest.skip(allow_module_level=True), importorskip)
+        _SKIPPED.append((report.nodeid, _skip_reason(report)))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if in_ci() and _SKIPPED and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not (in_ci() and _SKIPPED):
+        return
+    terminalreporter.section(f"CI=true: {len(_SKIPPED)} skipped test(s) fail the run", sep="=", red=True, bold=True)
+    for nodeid, reason in _SKIPPED:
+        terminalreporter.write_line(f"SKIPPED (a failure under CI) {nodeid}: {reason}")
 
 
 def netns_names() -> list[str]:

@@ -46,15 +46,24 @@ def fleet(request) -> dict:
     return _SESSION["hosts"]
 
 
-def wait_for_ssh(hosts) -> None:
-    """Until each host's sshd answers (before the first rollout connects)."""
+def wait_for_ssh(hosts, timeout: float = 120) -> None:
+    """Until each host's sshd answers (before the first rollout connects).
+
+    Raises TimeoutError naming the host and the last answer seen when one does
+    not answer within ``timeout`` s (never returns with a host unreachable)."""
     for host in hosts:
-        for _ in range(30):
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                if host.run("true", check=False, timeout=10).returncode == 0:
+                proc = host.run("true", check=False, timeout=10)
+                if proc.returncode == 0:
                     break
+                last = f"ssh exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-500:]}"
             except subprocess.TimeoutExpired:
-                pass
+                last = "ssh did not return within 10 s"
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"sshd of {host.name} ({host.address}) did not answer `ssh true` "
+                                   f"within {timeout:.0f} s; last: {last}")
             time.sleep(1)
 
 

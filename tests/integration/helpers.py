@@ -41,6 +41,8 @@ def facts(limit: str, *fact_args: str) -> dict[str, object]:
         name, _, rest = block.partition("\n")
         body = rest[: rest.index("\n}") + 2]
         result[name.split()[0]] = json.loads(body)[limit]
+    missing = [name for name in fact_args if "=" not in name and name not in result]
+    assert not missing, f"no fact data for {missing} in:\n{out[-3000:]}"
     return result
 
 

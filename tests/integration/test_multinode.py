@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -49,19 +50,35 @@ def group():
 
 def deploy(*args: str, timeout: float = 900):
     """`pyinfra -y inventory/sandbox_tp_group.py deploy.py ARGS`; every output
-    line with the time it arrived: proc.out, proc.lines = [(time, line)]."""
+    line with the time it arrived: proc.out, proc.lines = [(time, line)].
+
+    Raises TimeoutError (with the last output) when pyinfra runs longer than
+    ``timeout`` s, also when it hangs printing nothing; it is killed first."""
     argv = [sys.executable, "-m", "pyinfra", "-y", INVENTORY, "deploy.py", *args]
     started = time.time()
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    lines = []
+    lines: list[tuple[float, str]] = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append((time.time(), line.rstrip("\n")))
-        if time.time() - started > timeout:
-            proc.kill()
-            break
-    proc.wait()
+    stdout = proc.stdout
+
+    def read():
+        for line in stdout:
+            lines.append((time.time(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(timeout=10)
+        tail = "\n".join(line for _, line in lines[-80:])
+        raise TimeoutError(f"pyinfra {INVENTORY} deploy.py {' '.join(args)} still ran after {timeout:.0f} s "
+                           f"(killed); its last output:\n{tail}") from None
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "pyinfra exited but its output did not end within 30 s"
     proc.lines = lines  # type: ignore[attr-defined]
     proc.out = "\n".join(line for _, line in lines)  # type: ignore[attr-defined]
     proc.seconds = time.time() - started  # type: ignore[attr-defined]
@@ -110,6 +127,8 @@ def test_group_converges_and_comes_up(group):
 
 def test_second_run_changes_nothing_and_restarts_nothing(group):
     before = [unit_props(host, "sglang.service") for host in group]
+    assert [props["ActiveState"] for props in before] == ["active", "active"], before  # something to keep
+    assert all(int(props["MainPID"]) > 0 for props in before), before
     proc = deploy()
     FIGURES["no-op run"] = proc.seconds
     assert proc.returncode == 0, proc.out

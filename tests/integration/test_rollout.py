@@ -167,7 +167,9 @@ def test_failing_canary_stops_the_rollout_and_leaves_the_others_untouched(hosts,
             assert started_us(hosts[name]) == started[name]
         assert "--base-gpu-id 7" in hosts["sgc11"].run("cat /etc/systemd/system/sglang.service").stdout
         workers = json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]
-        assert "http://10.77.11.2:30000" not in [w["url"] for w in workers]  # drained, not put back broken
+        urls = sorted(w["url"] for w in workers)
+        # drained, not put back broken; the untouched servers are still there (positive control)
+        assert urls == [f"http://10.77.{i}.2:30000" for i in (12, 13, 14)], urls
     finally:
         healed = rollout("--limit", "sgc11", "--group-data", rolled_folder)
         assert healed.returncode == 0, healed.out[-5000:]

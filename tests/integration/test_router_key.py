@@ -60,7 +60,7 @@ def test_keyed_rollout_converges(keyed_fleet):
     _, first = keyed_fleet
     assert first.returncode == 0, first.out[-6000:]
     rows = summary(first.out)
-    assert rows[ROUTER]["result"] == rows[SERVER]["result"] == "ok"
+    assert rows[ROUTER]["result"] == rows[SERVER]["result"] == "ok"  # positive control: the output is the rollout's
     assert KEY not in first.out
 
 
@@ -89,11 +89,19 @@ def test_router_key_only_in_a_root_only_file(keyed_fleet):
     cmdlines = router.run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
     assert "router_launch.py" in cmdlines or "sglang::router" in cmdlines
     assert KEY not in cmdlines
-    assert KEY not in router.run("cat /etc/systemd/system/sglang-router.service").stdout
-    assert KEY not in router.run("journalctl --no-pager -u sglang-router.service", check=False).stdout
+    unit = router.run("cat /etc/systemd/system/sglang-router.service").stdout
+    assert "ExecStart=" in unit and "--auth-file /etc/sglang/sglang-router.auth" in unit, unit
+    assert KEY not in unit
+    journal = router.run("journalctl --no-pager -u sglang-router.service", check=False).stdout
+    assert "sglang-router.service" in journal, journal[-2000:]  # systemd's own lines about the unit are there
+    assert KEY not in journal
+    # positive control for the checks above: the same reads find the key where it must be
+    assert KEY in router.run("cat /etc/sglang/sglang-router.auth").stdout
     server = hosts[SERVER]
     assert server.run("stat -c '%a %U' /etc/sglang/sglang.auth").stdout.split() == ["600", "root"]
-    assert KEY not in server.run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
+    server_cmdlines = server.run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
+    assert "sglang_standin --model-path" in server_cmdlines, server_cmdlines[-2000:]  # the server runs
+    assert KEY not in server_cmdlines
 
 
 def test_second_keyed_rollout_changes_nothing(keyed_fleet):
@@ -101,6 +109,8 @@ def test_second_keyed_rollout_changes_nothing(keyed_fleet):
     assert first.returncode == 0
     before = {name: h.run("systemctl show -p MainPID --value sglang-router.service sglang.service").stdout
               for name, h in hosts.items()}
+    # each host runs its service (router: sglang-router, server: sglang): a PID that a restart would change
+    assert [int(before[name].split()[i]) > 0 for name, i in ((ROUTER, 0), (SERVER, 1))] == [True, True], before
     again = rollout("--batch-size", "1")
     assert again.returncode == 0, again.out[-6000:]
     rows = summary(again.out)
@@ -126,4 +136,6 @@ def test_key_rotation_restarts_both_and_they_work_with_the_new_key(keyed_fleet):
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     assert call(ROUTER_URL + "/v1/chat/completions", new_key, chat)[0] == 200
     assert call("http://10.77.23.2:30000/v1/models", KEY)[0] == 401  # the server itself took the new key
-    assert new_key not in hosts[ROUTER].run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
+    cmdlines = hosts[ROUTER].run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
+    assert "router_launch.py" in cmdlines or "sglang::router" in cmdlines  # positive control: the router runs
+    assert new_key not in cmdlines

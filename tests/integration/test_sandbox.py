@@ -78,9 +78,17 @@ def test_nvidia_smi_on_guest(sandbox_hosts):
 
 def test_guest_pip_sees_machine_wheels(sandbox_hosts):
     host = sandbox_hosts[0]
+    # every wheel dir the machine has is in the guest, read-only, with the same files; the others are not
+    # (asserted for each of H.WHEEL_DIRS, whichever the machine has)
+    on_machine = {d: sorted(os.listdir(d)) for d in H.WHEEL_DIRS if os.path.isdir(d)}
+    in_guest = {}
     for d in H.WHEEL_DIRS:
-        if os.path.isdir(d):
-            assert host.run(f"test -d {d} && ! touch {d}/.sgc-rw-probe 2>/dev/null").returncode == 0
+        listing = host.run(f"ls -1A {d}", check=False)
+        if listing.returncode == 0:
+            in_guest[d] = sorted(listing.stdout.splitlines())
+    assert in_guest == on_machine
+    read_only = [d for d in in_guest if host.run(f"! touch {d}/.sgc-rw-probe 2>/dev/null", check=False).returncode == 0]
+    assert read_only == list(on_machine)
     conf = host.run("cat /etc/pip.conf").stdout
     assert conf.startswith("[global]")
 
@@ -153,7 +161,7 @@ def _leftovers() -> list[str]:
     nat = subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True).stdout
     left += [f"nat {line}" for line in nat.splitlines() if "sgc-" in line]
     left += [f"mount {line.split()[1]}" for line in Path("/proc/self/mounts").read_text().splitlines()
-             if "/sglang-converge/" in line.split()[1]]  # fmt: skip
+             if "/sglang-converge/" in line.split()[1] or line.split()[1].startswith(f"{H.VAR_DIR}/")]  # fmt: skip
     for root in H.cgroup_roots():
         left += [f"cgroup {d}" for d in root.glob("sgc-*")]
     left += [f"nspawn {pid}" for pids in H._scan_nspawn_pids().values() for pid in pids]
@@ -168,6 +176,17 @@ def test_down_cleans_up_also_after_a_crash(sandbox_hosts):
     for other in [h for h in H.load_hosts() if h.name not in ours]:
         H.remove(other.name)  # another module's hosts (e.g. the fleet): down() must find only ours
     expected_netns = [ns for ns in netns_names() if ns not in {h.netns for h in sandbox_hosts}]
+    # positive control: before down(), _leftovers() finds each of our hosts' link, NAT rule, mount,
+    # cgroup and nspawn processes, and netns_names() their namespaces
+    before = _leftovers()
+    assert {h.netns for h in sandbox_hosts} <= set(netns_names())
+    assert H.cgroup_roots(), "no cgroup hierarchy found"
+    for h in sandbox_hosts:
+        assert f"link {H.veth_host(h.index)}" in before, before
+        assert any(x.startswith("nat ") and H.cgroup_name(h.name) in x for x in before), before
+        assert any(x.startswith(f"mount {H.VAR_DIR}/{h.name}/") for x in before), before
+        assert any(f"cgroup {root / H.cgroup_name(h.name)}" in before for root in H.cgroup_roots()), before
+        assert H._scan_nspawn_pids().get(h.name), before
     victim = sandbox_hosts[1]
     os.kill(victim.nspawn_pid, signal.SIGKILL)  # the guest's systemd lives on, orphaned
     H.STATE_FILE.unlink()

@@ -180,14 +180,16 @@ def test_restart_stops_rank0_first_then_the_others_then_starts_all(group):
         assert M._run().baselines == {"g0": "inv-g0:0", "g1": "inv-g1:0"}
     # rank 1 gets SIGKILL only if it still runs NONZERO_STOP_GRACE_S after rank 0 stopped
     assert "systemctl kill -s SIGKILL" in group.hosts[1].commands[0]
-    assert "SIGKILL" not in group.hosts[0].commands[0]
+    assert 'systemctl stop "$u"' in group.hosts[0].commands[0]  # rank 0's stop (positive control)...
+    assert "SIGKILL" not in group.hosts[0].commands[0]  # ...has no SIGKILL
 
 
 def test_restart_rank0_cannot_stop_nobody_starts(group):
     group.hosts[0].script = lambda command: (False, ["Failed to stop sglang.service: Access denied"])
     results = group.run(lambda rank: M._group_restart(group.state, group.hosts[rank], spec_for(rank)))
     assert results == [False, False]
-    assert not any("systemctl start" in c for h in group.hosts for c in h.commands)
+    assert any('systemctl stop "$u"' in c for c in group.hosts[0].commands)  # rank 0 tried to stop...
+    assert not any("systemctl start" in c for h in group.hosts for c in h.commands)  # ...and nobody started
     assert any("rank 0 (g0) could not stop sglang.service" in line for line in group.hosts[1].logs)
 
 
@@ -261,8 +263,10 @@ def test_restarted_rank_waits_from_the_baseline_of_its_start(group):
     group.hosts[1].script = slices((False, ["pending: active/running"]))
     with ctx_state.use(group.state):
         M._run().baselines.update({"g0": "inv0:0", "g1": "inv1:0"})
-    group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
+    results = group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
+    assert results == [True, True]
     assert "--baseline inv0:0" in group.hosts[0].commands[0]
+    assert "--baseline inv1:0" in group.hosts[1].commands[0]
 
 
 # ---------------------------------------------------------------- remote/wait_ready.py in slices
@@ -408,6 +412,7 @@ def restart_kwargs(rank):
 def test_group_running_as_wanted_restarts_nothing():
     specs = [group_spec(n) for n in NAMES]
     results = run_ops(M.group_restarted, [rank_facts(s, stamp(s)) for s in specs], restart_kwargs)
+    assert [host.name for host, _ in results] == NAMES
     for host, commands in results:
         assert commands == []
         assert host.noop_description == "sglang.service runs as wanted on every rank of node group tp16: no restart"

@@ -236,9 +236,9 @@ def test_build_is_cached_by_source_digest(tmp_path):
     again = nvml_build.build(tmp_path)
     assert again == first and again.stat().st_mtime_ns == mtime
     assert nvml_build.digest() in first.name
-    proc = subprocess.run(["readelf", "-d", str(first)], capture_output=True, text=True)
-    if proc.returncode == 0:
-        assert "[libnvidia-ml.so.1]" in proc.stdout  # SONAME
+    proc = subprocess.run(["readelf", "-d", str(first)], capture_output=True, text=True)  # binutils: gcc's dependency
+    assert proc.returncode == 0, proc.stderr
+    assert "(SONAME)" in proc.stdout and "[libnvidia-ml.so.1]" in proc.stdout, proc.stdout
 
 
 def test_install_into_guest_root(tmp_path, nvml_dir):
@@ -325,6 +325,7 @@ def test_pynvml_sees_what_nvidia_smi_prints(nvml_dir, pynvml_python, state):
 
     for cap in "rwnap":
         matrix = smi_p2p(env, cap)
+        assert [len(row) for row in matrix] == [4] * 4 and [len(g["p2p"][cap]) for g in data["gpus"]] == [4] * 4
         for i, g in enumerate(data["gpus"]):
             for j, status in enumerate(g["p2p"][cap]):
                 if i != j:
@@ -339,6 +340,7 @@ def test_pynvml_sees_what_nvidia_smi_prints(nvml_dir, pynvml_python, state):
 
 
 def test_dead_and_reused_pids_hold_nothing(nvml_dir, pynvml_python, state):
+    live = state["hold"]("3", 64)  # positive control: a live holder is seen by both
     a = state["hold"]("2", 2048)
     state["procs"][a].kill()  # SIGKILL: no unregister, the registration stays behind
     state["procs"][a].wait(timeout=10)
@@ -350,8 +352,9 @@ def test_dead_and_reused_pids_hold_nothing(nvml_dir, pynvml_python, state):
     )
     data = probe(pynvml_python, nvml_dir, state["env"])
     assert data["gpus"][2]["procs"] == [] and data["gpus"][2]["memory"]["value"]["used"] == 0
+    assert data["gpus"][3]["procs"] == [[live, 64 * MIB]] and data["gpus"][3]["memory"]["value"]["used"] == 64 * MIB
     rows = smi_rows(state["env"], "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
-    assert rows == []
+    assert rows == [[str(live), "64"]]
 
 
 def test_unavailable_fields_print_like_nvidia_smi_and_fail_in_nvml(nvml_dir, pynvml_python, state):

@@ -51,9 +51,11 @@ def test_plan_batches_keeps_a_tp_group_together():
     assert [(b.label, b.hosts) for b in batches] == [("canary", ["a"]), ("1", ["g0", "g1", "b"]), ("2", ["c"])]
 
 
-@pytest.mark.parametrize("size, canary", [(0, 0), (-1, 1), (2, -1)])
-def test_plan_batches_refuses_bad_sizes(size, canary):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("size, canary, message", [(0, 0, "batch size must be >= 1, got 0"),
+                                                    (-1, 1, "batch size must be >= 1, got -1"),
+                                                    (2, -1, "canary must be >= 0, got -1")])
+def test_plan_batches_refuses_bad_sizes(size, canary, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
         plan_batches([], ["a"], size, canary)
 
 
@@ -171,7 +173,9 @@ def test_fleet_inventory_without_router(tmp_path):
     out = fleet_inventory(tmp_path, [10, 11], SGC_FLEET_ROUTER="")
     assert out["routers"] == []
     assert [name for name, _ in out["sandbox"]] == ["sgc10", "sgc11"]
-    assert "router_url" not in dict(out["sandbox"])["sgc10"]
+    data = dict(out["sandbox"])["sgc10"]
+    assert data["ssh_hostname"] == "10.77.10.2"  # positive control: the host's data is there...
+    assert "router_url" not in data and "worker_url" not in data  # ...without a router
 
 
 # ------------------------------------------------------------------ remote/router_client.py
@@ -270,7 +274,8 @@ def test_router_client_register_then_drain(fake_router):
     assert "idle after" in proc.stdout and "(2 request(s) were still running)" in proc.stdout
     # removed from the router before waiting for the server to become idle
     delete = next(i for i, line in enumerate(fake_router.log) if line.startswith("DELETE"))
-    assert all(not line.startswith("GET /v1/loads") for line in fake_router.log[:delete])
+    assert any(line.startswith("GET /v1/loads") for line in fake_router.log[delete:]), fake_router.log
+    assert all(not line.startswith("GET /v1/loads") for line in fake_router.log[:delete]), fake_router.log
 
 
 def test_router_client_drain_times_out_on_a_busy_server(fake_router):
@@ -297,7 +302,8 @@ def test_router_client_keyed_register_and_drain(fake_router, tmp_path):
     proc = client("drain", "--router", url, "--worker", url, "--local", url, "--auth-file", auth, "--timeout", "10")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert fake_router.workers == {}
-    assert "sk-fleet" not in proc.stdout + proc.stderr
+    assert "drained: " in proc.stdout, proc.stdout  # positive control: what the client prints...
+    assert "sk-fleet" not in proc.stdout + proc.stderr  # ...holds no key
 
 
 def test_router_client_wrong_key_is_refused_by_name(fake_router, tmp_path):
@@ -316,7 +322,8 @@ def test_router_client_never_puts_a_keyed_server_behind_an_open_router(fake_rout
                   "--auth-file", auth_file(tmp_path, "sk-fleet"))
     assert proc.returncode == 1
     assert "answers without an API key, and this server demands one" in proc.stdout
-    assert fake_router.workers == {} and not any(line.startswith("POST") for line in fake_router.log)
+    assert "GET /workers" in fake_router.log, fake_router.log  # it asked the router (positive control)...
+    assert fake_router.workers == {} and not any(line.startswith("POST") for line in fake_router.log)  # ...only
 
 
 def test_router_client_router_down():
