@@ -1,41 +1,69 @@
 """Preflight checks shared by the preflight step and the rollout's fleet
 preflight: the spec resolved against the host's GPUs, and every reason the
-host cannot take the model (GPUs, GPU memory, driver, disk, ports).
+host cannot take the model (GPUs, driver, the pinned stack, memory fit, disk,
+ports), before anything is downloaded or installed.
 
     spec = resolved_spec(spec)
     problems = host_problems(spec)      # [] when the host can serve the spec
+    report = preflight_report(spec)     # problems, plus the plan's notes and warnings
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass, field
 
 from pyinfra import host
 
+from core.capability import stack_check, version_key
 from core.disk import disk_shortfall
-from core.ops import gb
-from facts.gpu import Gpu, GpuP2P, NvidiaGpus
+from core.memory_fit import MemoryFit, memory_fit
+from facts.gpu import Gpu, GpuP2P, NvidiaGpus, P2PMatrix
 from facts.ports import PortHolder, PortListener
 from tasks.spec import Spec
+
+# `nvidia-smi topo -p2p r` codes that say P2P does not work between two GPUs ("U": unknown)
+P2P_NOT_OK = frozenset({"NS", "CNS", "GNS", "TNS"})
+
+
+def p2p_verdict(p2p: P2PMatrix | None, gpu_ids: list[int]) -> bool | None:
+    """P2P between every pair of gpu_ids: True (all OK), False (a pair is known not
+    to work), None (unknown: no matrix, a GPU missing from it, "U" or an unknown code)."""
+    if len(gpu_ids) < 2:
+        return True
+    if p2p is None:
+        return None
+    positions = {gpu: i for i, gpu in enumerate(p2p.gpus)}
+    verdict: bool | None = True
+    for a in gpu_ids:
+        for b in gpu_ids:
+            if a == b:
+                continue
+            if a not in positions or b not in positions or positions[a] >= len(p2p.status):
+                verdict = None
+                continue
+            row = p2p.status[positions[a]]
+            cell = row[positions[b]] if positions[b] < len(row) else "U"
+            if cell in P2P_NOT_OK:
+                return False
+            if cell != "OK":
+                verdict = None
+    return verdict
 
 
 def resolved_spec(spec: Spec) -> Spec:
     """The spec with what depends on the host filled in from its GPUs:
-    attention backend for "auto", NCCL P2P env. Unchanged on a host without GPUs
-    (the preflight check then fails it)."""
+    attention backend for "auto", NCCL P2P env (from the P2P matrix only:
+    None when unknown). Unchanged on a host without GPUs (the preflight check
+    then fails it) or whose compute capability nvidia-smi does not report."""
     gpus = host.get_fact(NvidiaGpus)
     if not gpus:
         return spec
     used = [gpu for gpu in gpus if gpu.index in spec.gpu_ids]
-    p2p = host.get_fact(GpuP2P)
-    p2p_ok = True
-    if p2p is not None and len(used) > 1:
-        positions = {gpu: i for i, gpu in enumerate(p2p.gpus)}
-        for a in spec.gpu_ids:
-            for b in spec.gpu_ids:
-                if a != b and a in positions and b in positions:
-                    p2p_ok = p2p_ok and p2p.status[positions[a]][positions[b]] in ("OK", "X")
-    return spec.resolve(compute_cap=(used or gpus)[0].compute_cap, p2p_ok=p2p_ok)
+    compute_cap = (used or gpus)[0].compute_cap
+    if compute_cap is None:
+        return spec
+    p2p_ok = p2p_verdict(host.get_fact(GpuP2P), [gpu.index for gpu in used]) if len(used) > 1 else True
+    return spec.resolve(compute_cap=compute_cap, p2p_ok=p2p_ok)
 
 
 def rendezvous_port(spec: Spec) -> int | None:
@@ -74,16 +102,6 @@ def preflight_problems(spec: Spec, gpus: list[Gpu], holder: PortHolder | None,
             f"gpu_ids {spec.gpu_ids}: GPU(s) {missing} do not exist; the host has "
             f"{len(indexes)} GPU(s): {sorted(indexes)}"
         )
-    used = [gpu for gpu in gpus if gpu.index in spec.gpu_ids]
-    if used:
-        per_gpu = spec.model_bytes / max(spec.tp_size, 1)
-        smallest = min(gpu.memory_total_mib for gpu in used) * 1024 * 1024
-        if per_gpu > 0.9 * smallest:
-            problems.append(
-                f"the model needs ~{gb(per_gpu)} per GPU at TP {spec.tp_size} "
-                f"({gb(spec.model_bytes)} / {spec.tp_size}), above 90% of the "
-                f"{gb(smallest)} of the smallest GPU"
-            )
     problems += _port_problem(spec, holder, f"port {spec.listen_port}")
     problems += _port_problem(spec, dist_holder, f"port {rendezvous_port(spec)} (dist_init_addr "
                                                  f"{spec.dist_init_addr}, where the other ranks join rank 0)")
@@ -91,28 +109,54 @@ def preflight_problems(spec: Spec, gpus: list[Gpu], holder: PortHolder | None,
 
 
 def driver_problems(spec: Spec, gpus: list[Gpu]) -> list[str]:
-    """The NVIDIA driver below the spec's min_driver_version."""
+    """The NVIDIA driver below the spec's min_driver_version (or not reported while one is required)."""
     wanted = spec.min_driver_version
     if not wanted or not gpus:
         return []
     have = gpus[0].driver_version
-
-    def key(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in re.findall(r"\d+", text))
-
-    if key(have) < key(wanted):
+    if have is None:
+        return [f"NVIDIA driver version unknown (nvidia-smi reports [N/A]): cannot check min_driver_version {wanted}"]
+    if version_key(have) < version_key(wanted):
         return [f"NVIDIA driver {have} is older than min_driver_version {wanted}"]
     return []
 
 
-def host_problems(spec: Spec) -> list[str]:
-    """Every reason this host cannot take the spec: GPUs, GPU memory, driver, ports, disk."""
+@dataclass
+class PreflightReport:
+    """What the preflight found: problems refuse the host; notes (and WARNING: lines) go in the plan."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
+    fit: MemoryFit | None = None
+
+
+def preflight_report(spec: Spec) -> PreflightReport:
+    """Every check: GPUs and ports, driver, the pinned stack (Python, torch's CUDA
+    vs the driver, get-pip tools), the memory fit, the disk."""
     gpus = host.get_fact(NvidiaGpus)
-    problems = preflight_problems(spec, gpus, *port_holders(spec)) + driver_problems(spec, gpus)
+    report = PreflightReport(gpus=gpus)
+    report.problems = preflight_problems(spec, gpus, *port_holders(spec)) + driver_problems(spec, gpus)
+    stack = stack_check(spec, gpus)
+    report.problems += stack.problems
+    report.notes += stack.notes
+    if gpus:
+        report.fit, notes = memory_fit(spec, gpus)
+        report.notes += notes
+        if report.fit is not None:
+            report.notes.append(report.fit.summary())
+            report.problems += report.fit.problems()
+            report.notes += report.fit.warnings()
     try:
         disk = disk_shortfall(spec)
     except Exception as err:  # noqa: BLE001 - the Hub unreachable, a revision it does not know, ...
         disk = f"cannot check the disk: {err}"
     if disk:
-        problems.append(disk)
-    return problems
+        report.problems.append(disk)
+    return report
+
+
+def host_problems(spec: Spec) -> list[str]:
+    """Every reason this host cannot take the spec: GPUs, driver, the pinned stack,
+    GPU memory (weights and KV room), ports, disk."""
+    return preflight_report(spec).problems

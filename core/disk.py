@@ -7,12 +7,18 @@ once per run from the controller; the host's side from its facts.
 
     need = disk_need(repo, revision, local_dir, margin_bytes)
     if need and need.short: fail(need.shortfall())
+
+When the Hub cannot say (a revision or repo it does not have, a refused
+token, a Hub that stays unreachable), ``hub_files`` raises ``HubError`` with
+one line that names the repo, the revision and what to do; transient
+failures (HTTP 408, 429, 5xx, connection errors, timeouts) are retried first,
+``HUB_ATTEMPTS`` calls at most.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cache
+import time
+from dataclasses import dataclass, field
 
 from pyinfra import host
 
@@ -21,14 +27,113 @@ from facts.files import FreeBytes
 from facts.model_dir import ModelDir, ModelDirState
 from tasks.spec import Spec
 
+HUB = "https://huggingface.co"
+HUB_ATTEMPTS = 3  # calls of model_info before a transient failure is reported
+HUB_BACKOFF_S = 2.0  # wait after the first transient failure, doubling (or the Hub's Retry-After, up to...)
+HUB_MAX_WAIT_S = 30.0  # ...this long)
+HUB_TIMEOUT_S = 30.0  # per call
 
-@cache
+
+class HubError(Exception):
+    """The Hub cannot give a pinned revision's files: the message is one line that says why and what to do.
+
+    ``transient``: it failed every attempt for a reason that may pass (the Hub down, rate limits, the network).
+    """
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
+
+
+_HUB_ANSWERS: dict[tuple[str, str, str | None, str | None], dict[str, int] | HubError] = {}
+
+
 def hub_files(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, int]:
-    """File sizes of one pinned revision, from the Hub API (a pinned revision never changes)."""
+    """File sizes of one pinned revision, from the Hub API (a pinned revision never changes: asked once per
+    process, and a refusal is remembered too); HubError when the Hub cannot give them."""
+    key = (repo, revision, endpoint, token)
+    answer = _HUB_ANSWERS.get(key)
+    if answer is None:
+        answer = _ask_hub(repo, revision, endpoint, token)
+        if not (isinstance(answer, HubError) and answer.transient):
+            _HUB_ANSWERS[key] = answer
+    if isinstance(answer, HubError):
+        raise HubError(str(answer), answer.transient)
+    return dict(answer)
+
+
+def _ask_hub(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, int] | HubError:
     from huggingface_hub import HfApi
 
-    info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, files_metadata=True)
-    return {sibling.rfilename: int(sibling.size or 0) for sibling in info.siblings or []}
+    api = HfApi(endpoint=endpoint, token=token)
+    head, hub = f"{repo}@{revision[:12]}", (endpoint or HUB).rstrip("/")
+    delay = HUB_BACKOFF_S
+    for attempt in range(1, HUB_ATTEMPTS + 1):
+        try:
+            info = api.model_info(repo, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_S)
+            return {sibling.rfilename: int(sibling.size or 0) for sibling in info.siblings or []}
+        except Exception as err:  # noqa: BLE001 - sorted below
+            reason, transient, retry_after = hub_failure(err, repo, revision, hub, token)
+        if not transient:
+            return HubError(f"{head}: {reason}")
+        if attempt == HUB_ATTEMPTS:
+            return HubError(f"{head}: {reason} ({HUB_ATTEMPTS} attempts): the Hub or the way to it is down; "
+                            f"try again later", transient=True)
+        time.sleep(min(max(delay, retry_after or 0.0), HUB_MAX_WAIT_S))
+        delay *= 2
+    raise AssertionError("not reached")
+
+
+def _chain(err: BaseException | None):
+    seen: list[BaseException] = []
+    while err is not None and all(err is not s for s in seen) and len(seen) < 12:
+        seen.append(err)
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def hub_failure(err: BaseException, repo: str, revision: str, hub: str,
+                token: str | None) -> tuple[str, bool, float | None]:
+    """What an exception of huggingface_hub's model_info means: (one line, transient, Retry-After seconds).
+
+    Matched by class names along the exception's chain, so it holds for huggingface_hub 1.x (httpx) and 2.x
+    (httpx2)."""
+    find = (f"pin a commit that exists, e.g. from `{'HF_ENDPOINT=' + hub + ' ' if hub != HUB else ''}"
+            f"hf models info {repo} --expand sha` or {hub}/{repo}/commits/main")
+    for e in _chain(err):
+        names = {cls.__name__ for cls in type(e).__mro__}
+        response = getattr(e, "response", None)
+        status = getattr(response, "status_code", None)
+        if "RevisionNotFoundError" in names:
+            return f"revision {revision} not found on the Hub ({hub}, HTTP {status}): {find}", False, None
+        if "GatedRepoError" in names:
+            return (f"the Hub ({hub}) refused access ({status}) to the gated repo {repo}: accept its terms on "
+                    f"{hub}/{repo} with the account of hf_token"), False, None
+        if "RepositoryNotFoundError" in names or status in (401, 403):
+            return _refused(repo, hub, status, token, "RepositoryNotFoundError" in names), False, None
+        if isinstance(status, int) and (status in (408, 429) or status >= 500):
+            wait = ((response.headers.get("Retry-After") if response is not None else None) or "").strip()
+            return f"HTTP {status} from the Hub ({hub})", True, float(wait) if wait.isdigit() else None
+        if isinstance(status, int):
+            return f"HTTP {status} from the Hub ({hub}) for the file list of revision {revision}", False, None
+        if names & {"TimeoutException", "TimeoutError"}:
+            return f"the Hub ({hub}) did not answer within {HUB_TIMEOUT_S:.0f} s", True, None
+        if names & {"NetworkError", "TransportError", "RemoteProtocolError", "ConnectionError"}:
+            detail = (str(e).strip().splitlines() or [""])[0]
+            return f"cannot reach the Hub ({hub}): {type(e).__name__}: {detail}", True, None
+    detail = (str(err).strip().splitlines() or [""])[0]
+    return f"cannot read the file list from the Hub ({hub}): {type(err).__name__}: {detail}", False, None
+
+
+def _refused(repo: str, hub: str, status: int | None, token: str | None, not_found: bool) -> str:
+    if status == 404:
+        return (f"repo {repo} not found on the Hub ({hub}, HTTP 404), or hf_token cannot see it: check the "
+                f"profile's repo ({hub}/{repo})")
+    if not token:
+        return (f"the Hub ({hub}) refused access ({status}) without a token: a private or gated repo needs "
+                f"hf_token (or the repo {repo} does not exist)")
+    what = "refused hf_token" if status == 401 else "denied hf_token access"
+    return f"the Hub ({hub}) {what} ({status}) for {repo}" + (" (or the repo does not exist)" if not_found else "")
 
 
 def model_complete(state: ModelDir, repo: str, revision: str) -> bool:
@@ -55,6 +160,7 @@ class DiskNeed:
     free: int
     where: str  # the existing parent the free bytes were measured at
     margin: int  # bytes that must stay free (size_margin_gb)
+    expected: dict[str, int] = field(default_factory=dict, compare=False, hash=False)  # the Hub's files and sizes
 
     @property
     def short(self) -> bool:
@@ -70,7 +176,8 @@ class DiskNeed:
 
 def disk_need(repo: str, revision: str, local_dir: str, margin_bytes: int,
               endpoint: str | None = None, token: str | None = None) -> DiskNeed | None:
-    """None when ``local_dir`` already holds the revision, verified; else what the download needs."""
+    """None when ``local_dir`` already holds the revision, verified; else what the download needs.
+    Raises HubError when the Hub cannot give the revision's files (not asked when the model is there)."""
     state = host.get_fact(ModelDirState, path=local_dir)
     if model_complete(state, repo, revision):
         return None
@@ -78,7 +185,7 @@ def disk_need(repo: str, revision: str, local_dir: str, margin_bytes: int,
     space = host.get_fact(FreeBytes, path=local_dir)
     return DiskNeed(repo=repo, revision=revision, files=len(expected), need=bytes_to_fetch(expected, state),
                     total=sum(expected.values()), free=space.free_bytes if space else 0,
-                    where=space.path if space else local_dir, margin=margin_bytes)
+                    where=space.path if space else local_dir, margin=margin_bytes, expected=expected)
 
 
 def hf_token(spec: Spec) -> str | None:
@@ -86,7 +193,11 @@ def hf_token(spec: Spec) -> str | None:
 
 
 def disk_shortfall(spec: Spec) -> str | None:
-    """Why the model's remaining bytes do not fit on the host's disk, or None."""
-    need = disk_need(spec.profile.repo, spec.profile.revision, spec.model_dir, spec.margin_bytes,
-                     spec.hf_endpoint, hf_token(spec))
+    """Why the model's remaining bytes do not fit on the host's disk, or why the Hub cannot say how many
+    there are (HubError's line: a revision it does not have, a refused token, ...); None when they fit."""
+    try:
+        need = disk_need(spec.profile.repo, spec.profile.revision, spec.model_dir, spec.margin_bytes,
+                         spec.hf_endpoint, hf_token(spec))
+    except HubError as err:
+        return str(err)
     return need.shortfall() if need and need.short else None

@@ -18,11 +18,13 @@ import jinja2
 
 from core.paths import REMOTE_SRC_DIR, TEMPLATES_DIR
 from tasks.spec import ROUTER_LAUNCHER
+from tasks.spec.built import SERVER_LAUNCHER
 
 if TYPE_CHECKING:
     from tasks.spec import RouterSpec, Spec
 
 LAUNCHER_SCRIPT = REMOTE_SRC_DIR / "router_launch.py"
+SERVER_LAUNCHER_SCRIPT = REMOTE_SRC_DIR / "server_launch.py"  # uploaded to SERVER_LAUNCHER
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 # The header line names where the settings come from; kept as it was so that
 # upgrading this tool does not change (and so restart) every unit in a fleet.
@@ -81,6 +83,9 @@ def render(spec: Spec) -> Rendered:
         node_rank=spec.node_rank,
         env_path=spec.env_path,
         exec_start=" ".join(systemd_quote(arg) for arg in spec.server_argv),
+        # a new launcher changes the unit, so the server restarts with it
+        launcher=SERVER_LAUNCHER,
+        launcher_sha256=sha256(SERVER_LAUNCHER_SCRIPT.read_text()),
         model_gb=round(spec.model_bytes / 1e9),
         timeout_start_s=int(max(1800, spec.readiness_timeout_s)),
     )

@@ -2,7 +2,7 @@
 enabled, SGLang's own parser checking a new command line before a restart,
 the local URL it serves on, and "restarted this run" on the run state.
 
-    server_files(spec, rendered)             # options, env and unit file, unit enabled
+    server_files(spec, rendered)             # unit, options and env file (never someone else's), unit enabled
     server_args_accepted(spec=spec, rendered=rendered)
 """
 
@@ -17,12 +17,13 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 
 from core.ops import managed_file, plan, record_failure
 from core.paths import REMOTE_SRC_DIR
-from core.render import Rendered
+from core.render import SERVER_LAUNCHER_SCRIPT, Rendered
 from core.runstate import run_state
 from core.stamps import restart_reasons
 from facts.systemd import SystemdUnitState
 from facts.venv import VenvPackages
 from tasks.spec import local_http_url
+from tasks.spec.built import SERVER_LAUNCHER
 
 if TYPE_CHECKING:
     from tasks.spec import Spec
@@ -47,14 +48,19 @@ def mark_restarted(state, host) -> bool:
 
 
 def server_files(spec: Spec, rendered: Rendered) -> None:
-    """The options, env and unit files (root-only where they hold the key); the unit loaded and enabled."""
+    """The unit, options and env files (root-only where they hold the key); the unit loaded and enabled."""
     secrets = [spec.api_key.get_secret_value()] if spec.api_key else []
-    managed_file(dest=spec.options_path, content=rendered.options, mode="600", secrets=secrets,
-                 name=f"options file {spec.options_path}")
-    managed_file(dest=spec.env_path, content=rendered.env, mode="600", secrets=secrets,
-                 name=f"environment file {spec.env_path}")
+    # Each refuses to overwrite a file there without our marker line (someone else's unit or file).
+    # The unit file first: a foreign unit (unit_name = 'docker.service', say) stops the host before
+    # anything is written. Nothing loads or restarts before all three are written.
     managed_file(dest=spec.unit_path, content=rendered.unit, mode="644", secrets=secrets,
-                 name=f"unit file {spec.unit_path}")
+                 setting="unit_name", name=f"unit file {spec.unit_path}")
+    managed_file(dest=spec.options_path, content=rendered.options, mode="600", secrets=secrets,
+                 setting="unit_name", name=f"options file {spec.options_path}")
+    managed_file(dest=spec.env_path, content=rendered.env, mode="600", secrets=secrets,
+                 setting="unit_name", name=f"environment file {spec.env_path}")
+    managed_file(dest=SERVER_LAUNCHER, content=SERVER_LAUNCHER_SCRIPT.read_text(), mode="644",
+                 name=f"launcher {SERVER_LAUNCHER} (keeps the API key out of the journal)")
     unit_installed(unit=spec.unit_name, name=f"{spec.unit_name} loaded and enabled")
 
 

@@ -4,27 +4,86 @@ a working pip in it (ensurepip, get-pip.py or an uploaded wheel), packages.
 Facts (facts/venv.py): ``VenvState`` (exists, python version, pip or not, made
 by uv or not, ensurepip available) and ``VenvPackages`` (installed
 distributions, read with importlib.metadata so it works in a venv without pip).
+
+One pip at a time per venv: every pip that changes a venv runs under its lock
+(``locked``, flock on ``VENV/.sgc-pip.lock``). A pip whose ssh session died
+with the controller (or the connection) goes on running on the host, holding
+the lock; the next run waits for it (bounded, then fails naming the lock)
+instead of installing into the same site-packages at the same time.
 """
 
 from __future__ import annotations
 
 import os.path
+import shlex
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 
 from facts.venv import VenvPackages, VenvState, venv_python
-from core.ops import plan
+from core.ops import explaining_line, plan, record_failure
 from core.paths import CACHE_DIR
 
 BOOTSTRAP_DIR = CACHE_DIR  # get-pip.py and uploaded pip wheels
+PIP_LOCK_NAME = ".sgc-pip.lock"
+PIP_LOCK_WAIT_S = 1800  # an interrupted install of torch & co. finishes well within this
+PIP_LOCK_TIMEOUT_RC = 75  # flock -E: the lock was not free in time
 
 
 def pip(path: str, *args) -> StringCommand:
     """``VENV/bin/python -m pip ...``: a venv's bin/pip may be missing (uv) or stale."""
     return StringCommand(QuoteString(venv_python(path)), "-m pip --disable-pip-version-check", *args)
+
+
+def pip_lock(path: str) -> str:
+    """The venv's pip lock file (flock): held by whichever pip changes the venv."""
+    return f"{path.rstrip('/')}/{PIP_LOCK_NAME}"
+
+
+def locked(path: str, command: str) -> str:
+    """Shell text: ``command`` under the venv's pip lock, waiting at most PIP_LOCK_WAIT_S for it.
+
+    pip inherits the lock, so a pip left running by a dropped session keeps it until it ends.
+
+    >>> print(locked("/opt/v", "pip install x"))  # doctest: +NORMALIZE_WHITESPACE
+    flock -w 1800 -E 75 /opt/v/.sgc-pip.lock sh -c 'pip install x'; rc=$?; [ $rc -ne 75 ] || echo
+    'timed out after 1800 s waiting for /opt/v/.sgc-pip.lock: another pip has been changing /opt/v all that time' >&2;
+    exit $rc
+    """
+    lock = pip_lock(path)
+    why = f"timed out after {PIP_LOCK_WAIT_S} s waiting for {lock}: another pip has been changing {path} all that time"
+    return (f"flock -w {PIP_LOCK_WAIT_S} -E {PIP_LOCK_TIMEOUT_RC} {shlex.quote(lock)} sh -c {shlex.quote(command)}; "
+            f"rc=$?; [ $rc -ne {PIP_LOCK_TIMEOUT_RC} ] || echo {shlex.quote(why)} >&2; exit $rc")
+
+
+def _pip_locked(state, host, path: str, command: str, what: str) -> bool:
+    """FunctionCommand body: run ``command`` under the venv's pip lock, saying so when
+    another pip holds it; a failure is recorded with the line that explains it."""
+    free, _ = host.run_shell_command(StringCommand("flock -n", QuoteString(pip_lock(path)), "true"),
+                                     print_output=False, print_input=False)
+    if not free:
+        host.log(f"python env: another pip is changing {path} (left running by an interrupted run?): "
+                 f"waiting for it to finish (at most {PIP_LOCK_WAIT_S} s)", logger.warning)
+    ok, output = host.run_shell_command(StringCommand(locked(path, command)), print_output=state.print_output,
+                                        print_input=state.print_input)
+    if not ok:
+        lines = [line for line in output.output_lines if line.strip()][-8:]
+        for line in lines:
+            host.log_styled(f"python env: {line}", fg="red", log_func=logger.error)
+        record_failure(state, host, f"python env: {what} failed: {explaining_line(lines)}", lines)
+    return ok
+
+
+def run_locked(path: str, command: StringCommand, what: str) -> FunctionCommand:
+    """``command`` (a pip that changes the venv at ``path``) under the venv's pip lock (see ``locked``)."""
+    return FunctionCommand(_pip_locked, (path, command.get_raw_value(), what), {})
+
+
+def pip_locked(path: str, what: str, *args) -> FunctionCommand:
+    """``VENV/bin/python -m pip ARGS`` under the venv's pip lock."""
+    return run_locked(path, pip(path, *args), what)
 
 
 @operation()
@@ -72,23 +131,23 @@ def pip_bootstrapped(path: str, get_pip_url: str, pip_wheel: str | None = None):
         return
     if state.has_ensurepip:
         plan(f"bootstrap pip in {path} with ensurepip")
-        yield StringCommand(python, "-m ensurepip --upgrade")
+        yield run_locked(path, StringCommand(python, "-m ensurepip --upgrade"), "ensurepip")
     elif pip_wheel:
         # a wheel is a zip that python can run: pip installs itself from it
         remote_wheel = f"{BOOTSTRAP_DIR}/{os.path.basename(pip_wheel)}"
         plan(f"bootstrap pip in {path} from the uploaded {os.path.basename(pip_wheel)} (no ensurepip, offline)")
         yield StringCommand("install -d -m 755", BOOTSTRAP_DIR)
         yield FileUploadCommand(pip_wheel, remote_wheel)
-        yield StringCommand(
+        yield run_locked(path, StringCommand(
             python, QuoteString(remote_wheel + "/pip"), "install --no-index --disable-pip-version-check",
             QuoteString(remote_wheel),
-        )
+        ), "the pip bootstrap from the uploaded wheel")
     else:
         script = f"{BOOTSTRAP_DIR}/get-pip.py"
         plan(f"bootstrap pip in {path} with get-pip.py from {get_pip_url} (no ensurepip)")
         yield StringCommand("install -d -m 755", BOOTSTRAP_DIR)
         yield StringCommand("curl -fsSL --retry 3 -o", QuoteString(script), QuoteString(get_pip_url))
-        yield StringCommand(python, QuoteString(script), "--disable-pip-version-check")
+        yield run_locked(path, StringCommand(python, QuoteString(script), "--disable-pip-version-check"), "get-pip.py")
     yield pip(path, "--version")
 
 
@@ -128,4 +187,5 @@ def packages(path: str, requirements: list[str], no_deps: bool = False):
         name = canonicalize_name(Requirement(text).name)
         changes.append(f"{name} {installed[name]} -> {text}" if name in installed else text)
     plan(f"pip install {', '.join(changes)}")
-    yield pip(path, "install", *(["--no-deps"] if no_deps else []), *[QuoteString(text) for text in missing])
+    yield pip_locked(path, f"pip install {', '.join(missing)}", "install", *(["--no-deps"] if no_deps else []),
+                     *[QuoteString(text) for text in missing])

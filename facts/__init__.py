@@ -7,6 +7,8 @@ only the standard library, pyinfra, packaging and ``core.paths``; the steps
 (``tasks/``) and the rollout driver import it, never the other way round.
 
 - ``facts.gpu``: the GPUs (nvidia-smi), their P2P matrix, compute processes, the sandbox stand-in
+- ``facts.nvml``: GPU memory and compute processes through NVML (the venv's pynvml; nvidia-smi fallback)
+- ``facts.interpreter``: a python's version and ensurepip (the interpreter that makes the venv)
 - ``facts.systemd``: one unit's state; the unit of a process from its cgroup
 - ``facts.files``: a file's digest and text, free bytes where a path is
 - ``facts.http``: the HTTP status of a GET on the host

@@ -1,5 +1,9 @@
 """NVIDIA GPUs: what nvidia-smi says of the host's GPUs, their P2P matrix and
-the compute processes on them (with the systemd unit that owns each)."""
+the compute processes on them (with the systemd unit that owns each).
+
+nvidia-smi prints ``[N/A]`` or ``[Not Supported]`` for values a GPU cannot
+report (memory on unified-memory GPUs such as GB10 / GH200, some MIG modes):
+those parse as None, never as a guess; the checks that need them say so."""
 
 from __future__ import annotations
 
@@ -23,19 +27,50 @@ GPU_QUERY_FIELDS = (
 )
 
 
+# what nvidia-smi prints for a value the GPU cannot report (in csv, with or without units)
+UNAVAILABLE = ("[N/A]", "[Not Supported]", "N/A", "[Unknown Error]", "[Insufficient Permissions]")
+
+
+def smi_text(value: str) -> str | None:
+    """A csv field of nvidia-smi, None when it says the value is not available.
+
+    >>> smi_text("12.0"), smi_text("[N/A]"), smi_text("[Not Supported]")
+    ('12.0', None, None)
+    """
+    value = value.strip()
+    return None if not value or value in UNAVAILABLE else value
+
+
+def smi_int(value: str) -> int | None:
+    """A numeric csv field of nvidia-smi (``nounits``), None when not available.
+
+    >>> smi_int("97887"), smi_int("[N/A]")
+    (97887, None)
+    """
+    text = smi_text(value)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"nvidia-smi printed {value!r} where a number was expected") from None
+
+
 @dataclass(frozen=True)
 class Gpu(FactValue):
     index: int
     uuid: str
     name: str
-    memory_total_mib: int
-    memory_used_mib: int
-    compute_cap: str
-    driver_version: str
-    pci_bus_id: str
+    memory_total_mib: int | None  # None: nvidia-smi says [N/A] / [Not Supported] (unified memory, MIG)
+    memory_used_mib: int | None
+    compute_cap: str | None
+    driver_version: str | None
+    pci_bus_id: str | None
 
     @property
-    def memory_free_mib(self) -> int:
+    def memory_free_mib(self) -> int | None:
+        if self.memory_total_mib is None or self.memory_used_mib is None:
+            return None
         return self.memory_total_mib - self.memory_used_mib
 
 
@@ -48,6 +83,7 @@ class NvidiaGpus(FactBase[list[Gpu]]):
 
         gpus = host.get_fact(NvidiaGpus)
         gpus[0].compute_cap, gpus[0].driver_version  # "12.0", "580.95.05"
+        gpus[0].memory_total_mib  # None on a unified-memory GPU (nvidia-smi: [N/A])
     """
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
@@ -69,7 +105,8 @@ class NvidiaGpus(FactBase[list[Gpu]]):
             if len(fields) != len(GPU_QUERY_FIELDS):
                 raise ValueError(f"unexpected nvidia-smi line: {line!r}")
             index, uuid, name, total, used, cap, driver, bus = fields
-            gpus.append(Gpu(int(index), uuid, name, int(total), int(used), cap, driver, bus))
+            gpus.append(Gpu(int(index), uuid, smi_text(name) or "?", smi_int(total), smi_int(used),
+                            smi_text(cap), smi_text(driver), smi_text(bus)))
         return gpus
 
 
@@ -124,7 +161,7 @@ class GpuP2P(FactBase[P2PMatrix | None]):
 class GpuProcess(FactValue):
     pid: int
     process_name: str
-    used_mib: int
+    used_mib: int | None  # None: nvidia-smi says [N/A] (unified memory, some MIG modes)
     gpu_uuid: str
     # innermost systemd unit of the process ("foo.service", "session-3.scope"), or None
     unit: str | None
@@ -167,7 +204,7 @@ class GpuComputeProcesses(FactBase[list[GpuProcess]]):
             if line.startswith("app: "):
                 fields = [field.strip() for field in line[5:].split(",", 3)]
                 pid, used, uuid, name = fields
-                apps.append((int(pid), name, int(used), uuid))
+                apps.append((int(pid), name, smi_int(used), uuid))
             elif line.startswith("cgroup: "):
                 pid, cgroup_line = line[8:].split(" ", 1)
                 cgroups.setdefault(int(pid), []).append(cgroup_line)

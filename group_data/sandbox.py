@@ -1,6 +1,8 @@
 # The local sandbox hosts (inventory/sandbox.py sets their ssh_* keys, the Hub
 # stand-in's URL and the offline pip wheel): 8 simulated GPUs like ct200, the
-# tiny nvfp4 model, the SGLang stand-in run from the same kind of venv.
+# tiny model in Kimi K2.6's INT4 pack-quantized (models/sandbox-tiny.yaml; an
+# NVFP4 one is models/sandbox-tiny-nvfp4.yaml), the SGLang stand-in run from
+# the same kind of venv.
 model = "sandbox-tiny"
 gpu_ids = [0, 1, 2, 3, 4, 5, 6, 7]
 tp_size = 8
@@ -31,6 +33,7 @@ packages = [
     "ipython==9.18.1",
     "aiohttp==3.14.5",
     "triton==3.9.0",
+    "nvidia-ml-py==13.615.71",  # pynvml, as sglang 0.5.23 requires it: the GPU facts read NVML through it
 ]
 packages_no_deps = ["sglang==0.5.23"]
 # the scenario's vllm-stub pins compressed-tensors==0.8.1, like vllm 0.6.5 on ct200

@@ -362,7 +362,7 @@ class _OneLine(logging.Formatter):
         return redact("huggingface_hub: " + record.getMessage().strip().replace("\n", " | "))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repo", required=True)
     parser.add_argument("--revision", required=True)
@@ -379,12 +379,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.attempts < 1 or args.read_timeout < 1 or args.backoff_s < 0:
         parser.error("--attempts and --read-timeout are at least 1, --backoff-s at least 0")
+    return args
 
+
+def read_token(token_file: str | None) -> str | None:
+    """The token from its root-only file (never argv); it and $HF_TOKEN are redacted from all output."""
     token = None
-    if args.token_file and os.path.exists(args.token_file):
-        token = Path(args.token_file).read_text().strip() or None
+    if token_file and os.path.exists(token_file):
+        token = Path(token_file).read_text().strip() or None
     _SECRETS[:] = [s for s in (token, os.environ.get("HF_TOKEN")) if s]
+    return token
 
+
+def import_hub(args: argparse.Namespace):
+    """huggingface_hub, imported once its environment is set; its log lines go to stdout, one line each."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the deploy prints its own progress
     # huggingface_hub reads these when it is imported: its read timeout for file bodies, and for HEAD requests
@@ -392,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HF_HUB_ETAG_TIMEOUT"] = str(args.read_timeout)
     if args.endpoint:
         os.environ["HF_ENDPOINT"] = args.endpoint
-    from huggingface_hub import HfApi, constants, snapshot_download
+    import huggingface_hub
+    from huggingface_hub import constants
 
     constants.HF_HUB_DOWNLOAD_TIMEOUT = args.read_timeout  # in case it was imported before the variable was set
     library_log = logging.getLogger("huggingface_hub")
@@ -400,103 +409,128 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(_OneLine())
     library_log.handlers[:] = [handler]
     library_log.propagate = False
-    counter = ByteCounter()
-    counter.install()
+    return huggingface_hub
 
-    repo, revision = args.repo, args.revision
-    local_dir = Path(args.local_dir)
-    lock = None
-    expected: dict[str, int] = {}
-    before: dict[str, int] = {}
-    started = time.monotonic()
-    try:
-        api = HfApi(endpoint=args.endpoint, token=token)
-        expected = with_retries("list the files", lambda: remote_files(api, repo, revision, args.read_timeout),
-                                args, repo, revision, token)
 
-        if local_dir.is_dir():
-            lock = take_lock(local_dir)
-            if lock is None:
-                log(f"FAILED: another fetch_model.py is downloading into {local_dir} (it holds {LOCK_FILE})")
-                return EXIT_ERROR
-            count, size = remove_leftovers(local_dir)
-            if count:
-                log(f"removed {plural(count, 'partial file')} ({size} bytes) that a killed earlier run left in "
-                    f"{local_dir / DOWNLOAD_DIR}: those files are fetched again from zero")
+class Fetch:
+    """One run: list the revision's files, claim the dir, check the disk, download, verify, write the marker."""
 
-        # The disk check, on the host, before a byte is written.
-        need = sum(still_to_fetch(local_dir, expected).values())
-        probe = local_dir
+    def __init__(self, args: argparse.Namespace, token: str | None, hub) -> None:
+        self.args, self.token, self.hub = args, token, hub
+        self.repo, self.revision = args.repo, args.revision
+        self.local_dir = Path(args.local_dir)
+        self.counter = ByteCounter()
+        self.counter.install()
+        self.lock = None  # held until the process ends (a kill releases it too)
+        self.expected: dict[str, int] = {}
+        self.before: dict[str, int] = {}  # what was still to fetch when the download started
+        self.need = 0
+        self.started = time.monotonic()
+
+    def retrying(self, what: str, call, tries: list | None = None):
+        return with_retries(what, call, self.args, self.repo, self.revision, self.token, tries)
+
+    def run(self) -> int:
+        try:
+            api = self.hub.HfApi(endpoint=self.args.endpoint, token=self.token)
+            self.expected = self.retrying(
+                "list the files", lambda: remote_files(api, self.repo, self.revision, self.args.read_timeout))
+            if self.local_dir.is_dir():
+                self.claim()
+            refused = self.disk_refusal()
+            if refused:
+                return refused
+            self.local_dir.mkdir(parents=True, exist_ok=True)
+            if self.lock is None:
+                self.claim()
+            self.download()
+        except Failure as failure:
+            self.report_failure(failure)
+            return failure.code
+        return self.finish()
+
+    def claim(self) -> None:
+        """Take the dir's lock, then remove what a killed earlier run left (no live run holds the lock)."""
+        self.lock = take_lock(self.local_dir)
+        if self.lock is None:
+            raise Failure(f"another fetch_model.py is downloading into {self.local_dir} (it holds {LOCK_FILE})")
+        count, size = remove_leftovers(self.local_dir)
+        if count:
+            log(f"removed {plural(count, 'partial file')} ({size} bytes) that a killed earlier run left in "
+                f"{self.local_dir / DOWNLOAD_DIR}: those files are fetched again from zero")
+
+    def disk_refusal(self) -> int:
+        """The disk check, on the host, before a byte is written: EXIT_DISK when the rest does not fit, else 0."""
+        self.need = sum(still_to_fetch(self.local_dir, self.expected).values())
+        probe = self.local_dir
         while not probe.exists():
             probe = probe.parent
         stat = os.statvfs(probe)
         free = stat.f_bavail * stat.f_frsize
-        log(f"need {need} bytes ({need / GB:.2f} GB) of {sum(expected.values())}; "
-            f"free {free} bytes ({free / GB:.2f} GB) at {probe}; margin {args.margin_bytes / GB:.2f} GB")
-        if need > free - args.margin_bytes:
-            log(f"REFUSED: {repo}@{revision[:12]} needs {need / GB:.2f} GB more, "
-                f"{probe} has {free / GB:.2f} GB free and {args.margin_bytes / GB:.2f} GB must stay free")
-            return EXIT_DISK
+        margin = self.args.margin_bytes
+        log(f"need {self.need} bytes ({self.need / GB:.2f} GB) of {sum(self.expected.values())}; "
+            f"free {free} bytes ({free / GB:.2f} GB) at {probe}; margin {margin / GB:.2f} GB")
+        if self.need <= free - margin:
+            return 0
+        log(f"REFUSED: {self.repo}@{self.revision[:12]} needs {self.need / GB:.2f} GB more, "
+            f"{probe} has {free / GB:.2f} GB free and {margin / GB:.2f} GB must stay free")
+        return EXIT_DISK
 
-        local_dir.mkdir(parents=True, exist_ok=True)
-        if lock is None:
-            lock = take_lock(local_dir)
-            if lock is None:
-                log(f"FAILED: another fetch_model.py is downloading into {local_dir} (it holds {LOCK_FILE})")
-                return EXIT_ERROR
-        before = still_to_fetch(local_dir, expected)
-        started = time.monotonic()
-        download_attempts: list[int] = []
+    def download(self) -> None:
+        self.before = still_to_fetch(self.local_dir, self.expected)
+        self.started = time.monotonic()
+        attempts: list[int] = []
 
-        def download() -> None:
-            snapshot_download(
-                repo,
-                revision=revision,
-                local_dir=str(local_dir),
-                endpoint=args.endpoint,
-                token=token,
-                max_workers=args.max_workers,
-                etag_timeout=args.read_timeout,
-            )
-            missing = still_to_fetch(local_dir, expected)
+        def once() -> None:
+            self.hub.snapshot_download(
+                self.repo, revision=self.revision, local_dir=str(self.local_dir), endpoint=self.args.endpoint,
+                token=self.token, max_workers=self.args.max_workers, etag_timeout=self.args.read_timeout)
+            missing = still_to_fetch(self.local_dir, self.expected)
             if missing:
                 raise IncompleteSnapshot(missing)
 
         try:
-            with_retries("download", download, args, repo, revision, token, download_attempts)
+            self.retrying("download", once, attempts)
         except Failure as failure:
             if not isinstance(getattr(failure, "cause", None), IncompleteSnapshot):
                 raise
-            # the last attempt still lacks files: verification below names them
-        tries = len(download_attempts)
-        log(f"fetched {fetched_bytes(counter, local_dir, before)} from the Hub in this run "
-            f"({plural(tries, 'download attempt')})")
-    except Failure as failure:
-        if before:  # the download started: say what it cost and what a re-run fetches again
-            left = still_to_fetch(local_dir, expected)
-            log(f"fetched {fetched_bytes(counter, local_dir, before)} from the Hub in this run; "
+            # the last attempt still lacks files: verification names them
+        log(f"fetched {fetched_bytes(self.counter, self.local_dir, self.before)} from the Hub in this run "
+            f"({plural(len(attempts), 'download attempt')})")
+
+    def report_failure(self, failure: Failure) -> None:
+        if self.before:  # the download started: say what it cost and what a re-run fetches again
+            left = still_to_fetch(self.local_dir, self.expected)
+            log(f"fetched {fetched_bytes(self.counter, self.local_dir, self.before)} from the Hub in this run; "
                 f"{plural(len(left), 'file')} ({sum(left.values())} bytes) not complete: a re-run fetches them "
                 f"(from zero)")
         log(f"FAILED: {failure.message}")
-        return failure.code
 
-    problems = verify(local_dir, expected)
-    if problems:
-        for problem in problems:
-            log(f"VERIFY FAILED: {problem}")
-        return EXIT_VERIFY
-    marker = {
-        "repo": repo,
-        "revision": revision,
-        "files": expected,
-        "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    tmp = local_dir / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
-    tmp.replace(local_dir / MARKER)
-    log(f"verified {len(expected)} files, {sum(expected.values())} bytes, "
-        f"downloaded {need} bytes in {time.monotonic() - started:.1f} s")
-    return 0
+    def finish(self) -> int:
+        """Verify every file, then write the marker (atomically): the deploy's proof that the revision is here."""
+        problems = verify(self.local_dir, self.expected)
+        if problems:
+            for problem in problems:
+                log(f"VERIFY FAILED: {problem}")
+            return EXIT_VERIFY
+        marker = {
+            "repo": self.repo,
+            "revision": self.revision,
+            "files": self.expected,
+            "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        tmp = self.local_dir / (MARKER + ".tmp")
+        tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
+        tmp.replace(self.local_dir / MARKER)
+        log(f"verified {len(self.expected)} files, {sum(self.expected.values())} bytes, "
+            f"downloaded {self.need} bytes in {time.monotonic() - self.started:.1f} s")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    token = read_token(args.token_file)
+    return Fetch(args, token, import_hub(args)).run()
 
 
 def plural(n: int, what: str) -> str:

@@ -1,9 +1,11 @@
 """`make demo`: the reference incident, converged on a local sandbox host.
 
 A sandbox host is put in the state ct200 was in (uv venv without pip, no
-ensurepip, compressed-tensors 0.8.1 pinned by a vllm-like package, another
-service holding 55 GB on GPU 0, the model disk too small); then the operator's
-commands, with their real output:
+ensurepip, sglang 0.5.23 beside compressed-tensors 0.8.1 pinned by a vllm-like
+package, another service holding 55 GB on GPU 0, the model disk too small) for
+a model quantized like Kimi K2.6 (INT4 W4A16 pack-quantized, a format 0.8.1
+has: it is SGLang that requires 0.18.0); then the operator's commands, with
+their real output:
 
     pyinfra inventory/sandbox.py deploy.py --dry --diff    # the plan
     pyinfra -y inventory/sandbox.py deploy.py              # run 1: refused at the disk check
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         sandbox_api.grow_disk(host, scenario.MODEL_DISK, scenario.GROWN_DISK_MIB)
         console.print(host.run(f"df -h {scenario.MODEL_DISK}").stdout)
 
-        step("5. run 2: converge (pip, model, compressed-tensors, stale GPU process, unit, readiness)")
+        step("5. run 2: converge (pip, model, compressed-tensors as SGLang requires, stale GPU process, unit, "
+             "readiness)")
         timings["run 2"] = run([*pyinfra, "-y", "--limit", "sgc1", "inventory/sandbox.py", "deploy.py"])
 
         step("6. run 3: the same deploy again changes nothing and restarts nothing")

@@ -106,12 +106,18 @@ def cgroup_name(name: str) -> str:
     return f"{PREFIX}-{name}"
 
 
+def host_net(index: int) -> str:
+    """The first three octets of host ``index``'s /24: 10.77.<index> for 1..254; above
+    (the indexes parallel test sessions are given, e.g. 280), 10.78.<index - 254>."""
+    return f"{SUBNET}.{index}" if index <= MAX_HOSTS else f"10.78.{index - MAX_HOSTS}"
+
+
 def guest_address(index: int) -> str:
-    return f"{SUBNET}.{index}.2"
+    return f"{host_net(index)}.2"
 
 
 def machine_address(index: int) -> str:
-    return f"{SUBNET}.{index}.1"
+    return f"{host_net(index)}.1"
 
 
 def _index_of(name: str) -> int | None:
@@ -366,7 +372,7 @@ def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def _nat_rule(index: int) -> list[str]:
     return [
-        "POSTROUTING", "-s", f"{SUBNET}.{index}.0/24", "!", "-o", veth_host(index),
+        "POSTROUTING", "-s", f"{host_net(index)}.0/24", "!", "-o", veth_host(index),
         "-m", "comment", "--comment", cgroup_name(host_name(index)), "-j", "MASQUERADE",
     ]  # fmt: skip
 
@@ -399,7 +405,7 @@ def _setup_network(index: int) -> None:
     # a machine whose FORWARD policy drops (docker) still forwards our guests
     if "-P FORWARD ACCEPT" not in _iptables("-S", "FORWARD", check=False).stdout:
         for direction in ("-s", "-d"):
-            r = ["FORWARD", direction, f"{SUBNET}.{index}.0/24", "-m", "comment", "--comment",
+            r = ["FORWARD", direction, f"{host_net(index)}.0/24", "-m", "comment", "--comment",
                  cgroup_name(host_name(index)), "-j", "ACCEPT"]  # fmt: skip
             if _iptables("-C", *r, check=False).returncode != 0:
                 _iptables("-I", *r)

@@ -32,6 +32,9 @@ faults file, `POST /_sandbox/faults`), as JSON:
 
     {"token": "hf_...",          # require this bearer token from now on (null: none);
                                  #   absent: the token the server started with
+     "token_clients": ["10.77.5.2"],  # optional: the token above applies to requests from these source
+                                 #   addresses (or networks, "10.77.5.0/24") only; the others keep the
+                                 #   token the server started with (absent: every client)
      "rules": [                  # the first rule that matches a request and has uses left answers it
        {"path": "*.safetensors", "status": 500, "times": 2, "methods": ["GET"]},
        {"path": "*", "status": 429, "retry_after": 1, "times": 3},
@@ -41,7 +44,9 @@ faults file, `POST /_sandbox/faults`), as JSON:
 A rule's `path` is a glob (fnmatch, `*` crosses `/`) on the file's path in the
 repo for /resolve/ requests and on the URL path for /api/ ones; `kinds`
 (["resolve", "api"], default both) and `methods` (default GET and HEAD; a
-stall only applies to a GET's body) narrow it; `times` is how many matching
+stall only applies to a GET's body) narrow it; `clients` (source addresses or networks, e.g. ["10.77.5.2"];
+default: every client) limits it to requests from those, so a test can fault
+its own host only while others share the hub; `times` is how many matching
 requests it answers (absent or null: all of them). A `status` rule answers
 that status in the Hub's error shape (JSON body, X-Error-Message; 429 with
 `Retry-After: N` when `retry_after` is given). A `stall` rule sends the
@@ -217,8 +222,31 @@ class RequestRecord:
 # faults
 
 
-_RULE_KEYS = {"path", "kinds", "methods", "status", "retry_after", "stall", "after_bytes", "times"}
+_RULE_KEYS = {"path", "kinds", "methods", "clients", "status", "retry_after", "stall", "after_bytes", "times"}
 _KINDS = ("resolve", "api")
+_Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def _networks(value, what: str) -> _Networks | None:
+    """A `clients` list (addresses or networks) as networks; None (absent or null): every client."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} is a non-empty list of addresses or networks (strings), got {value!r}")
+    try:
+        return tuple(ipaddress.ip_network(v, strict=False) for v in value)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+
+
+def _client_in(client: str, networks: _Networks | None) -> bool:
+    if networks is None:
+        return True
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return False
+    return any(address in net for net in networks)
 
 
 class _Rule:
@@ -257,14 +285,16 @@ class _Rule:
         if times is not None and not (isinstance(times, int) and times >= 0):
             raise ValueError(f"times must be a non-negative int or null, got {times!r}")
         self.times: int | None = times
+        self.clients = _networks(spec.get("clients"), "a fault rule's clients")
         self.hits = 0
         self.spec = dict(spec)
 
-    def matches(self, kind: str, method: str, target: str) -> bool:
+    def matches(self, kind: str, method: str, target: str, client: str = "") -> bool:
         return (
             kind in self.kinds
             and method in self.methods
             and (self.times is None or self.hits < self.times)
+            and _client_in(client, self.clients)
             and fnmatch.fnmatchcase(target, self.path)
         )
 
@@ -279,9 +309,9 @@ class _Faults:
         spec = spec or {}
         if not isinstance(spec, dict):
             raise ValueError(f"faults are a JSON object, got {type(spec).__name__}")
-        unknown = set(spec) - {"token", "rules"}
+        unknown = set(spec) - {"token", "token_clients", "rules"}
         if unknown:
-            raise ValueError(f"unknown keys in faults: {sorted(unknown)} (known: token, rules)")
+            raise ValueError(f"unknown keys in faults: {sorted(unknown)} (known: token, token_clients, rules)")
         rules = spec.get("rules") or []
         if not isinstance(rules, list):
             raise ValueError("faults.rules is a list")
@@ -290,14 +320,16 @@ class _Faults:
         self.token = spec.get("token")
         if self.token is not None and not isinstance(self.token, str):
             raise ValueError("faults.token is a string or null")
+        self.token_clients = _networks(spec.get("token_clients"), "faults.token_clients")
         self.digest = digest
         self._lock = threading.Lock()
 
-    def take(self, kind: str, method: str, target: str, stall: bool) -> _Rule | None:
-        """The first rule (of the stall or of the status sort) that answers this request; counts the use."""
+    def take(self, kind: str, method: str, target: str, stall: bool, client: str = "") -> _Rule | None:
+        """The first rule (of the stall or of the status sort) that answers this request from `client`;
+        counts the use."""
         with self._lock:
             for rule in self.rules:
-                if rule.is_stall == stall and rule.matches(kind, method, target):
+                if rule.is_stall == stall and rule.matches(kind, method, target, client):
                     rule.hits += 1
                     return rule
         return None
@@ -417,7 +449,8 @@ class _Handler(BaseHTTPRequestHandler):
             fault_kind = "api"
         self.hub._record(rec)  # logged now, updated live (bytes_sent grows while the body goes out)
         try:
-            rule = self.hub._faults.take(fault_kind, method, target, stall=False) if fault_kind else None
+            rule = self.hub._faults.take(fault_kind, method, target, stall=False, client=rec.client) \
+                if fault_kind else None
             if rule is not None:
                 rec.fault = str(rule.status)
                 raise _fault_error(rule)
@@ -486,7 +519,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_body(rec, method, getpip.script(wheel).encode(), "text/x-python")
 
     def _check_auth(self, require: bool = False) -> None:
-        expected = self.hub.token
+        expected = self.hub.token_for(self.client_address[0] if self.client_address else "")
         if expected is None and not require:
             return
         auth = self.headers.get("Authorization") or ""
@@ -567,7 +600,7 @@ class _Handler(BaseHTTPRequestHandler):
             "sha": rev.commit,
             "lastModified": _FIXED_DATE,
             "createdAt": _FIXED_DATE,
-            "private": self.hub.token is not None,
+            "private": self.hub.token_for(self.client_address[0] if self.client_address else "") is not None,
             "gated": False,
             "disabled": False,
             "downloads": 0,
@@ -635,7 +668,8 @@ class _Handler(BaseHTTPRequestHandler):
                 f"inline; filename*=UTF-8''{quote(f.path.rsplit('/', 1)[-1])}; "
                 f'filename="{f.path.rsplit("/", 1)[-1]}"'
             ),
-            "Cache-Control": "private, max-age=0, must-revalidate" if self.hub.token else "public, max-age=3600",
+            "Cache-Control": "private, max-age=0, must-revalidate" if self.hub.token_for(rec.client)
+            else "public, max-age=3600",
         }
         if f.lfs:
             headers["X-Linked-Etag"] = f'"{f.sha256}"'
@@ -662,7 +696,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "HEAD" or length == 0:
             return
-        stall = self.hub._faults.take("resolve", method, f.path, stall=True)
+        stall = self.hub._faults.take("resolve", method, f.path, stall=True, client=rec.client)
         self._send_file(rec, f.disk, start, length, stall)
 
     def _send_file(self, rec: RequestRecord, disk: Path, offset: int, length: int, stall: _Rule | None = None) -> None:
@@ -971,9 +1005,20 @@ class HubServer:
     def clear_faults(self) -> None:
         self.set_faults(None)
 
+    def token_for(self, client: str) -> str | None:
+        """The token a request from `client` must carry (None: none): the faults' token for the clients
+        their token_clients names (all when absent), the token the server started with for the others."""
+        faults = self._faults
+        if faults.token_set and not _client_in(client, faults.token_clients):
+            return self._start_token
+        return self.token
+
     def faults(self) -> dict:
-        """The rules in force with their hit counts, and whether a token is required (never the token)."""
-        return {**self._faults.describe(), "token_required": self.token is not None}
+        """The rules in force with their hit counts, and whether a token is required (never the token)
+        and from which clients (null: all)."""
+        clients = self._faults.token_clients
+        return {**self._faults.describe(), "token_required": self.token is not None,
+                "token_clients": None if clients is None else [str(n) for n in clients]}
 
     # -- connections ---------------------------------------------------------------
 

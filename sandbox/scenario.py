@@ -4,9 +4,14 @@ ct200-incident (DESIGN.md, "The problem"): the state the reference host was in
 before the deploy existed:
 - the venv at /opt/sglang/venv was made by uv: no pip in it; and the host has
   no ensurepip, so pip must be bootstrapped the offline get-pip way;
-- compressed-tensors 0.8.1 in it (too old for nvfp4-pack-quantized), with the
-  machine's CPU torch, pinned ==0.8.1 by another installed package
-  (`vllm-stub` 0.6.5 plays vllm 0.6.5; the host's settings allow it to conflict);
+- sglang 0.5.23 in it (the real package, installed without its dependencies:
+  its metadata requires compressed-tensors==0.18.0 and its compressed_tensors
+  utils reference CompressionFormat.nvfp4_pack_quantized for every
+  compressed-tensors model) beside compressed-tensors 0.8.1 and the machine's
+  CPU torch. The model is Kimi K2.6's INT4 `pack-quantized` (models/sandbox-tiny.yaml),
+  a format 0.8.1 has: it is SGLang that needs the upgrade, as on ct200;
+- 0.8.1 pinned ==0.8.1 by another installed package (`vllm-stub` 0.6.5 plays
+  vllm 0.6.5; the host's settings allow it to conflict);
 - another systemd service (embedder.service, Restart=always) holding 55 GB on GPU 0;
 - the model dir on a filesystem too small for the model (20 MiB for ~40 MB).
 
@@ -31,6 +36,7 @@ VENV = "/opt/sglang/venv"
 MODEL_DISK = "/srv/models"
 MODEL_DISK_MIB = 20
 GROWN_DISK_MIB = 256
+SGLANG = "sglang==0.5.23"
 PIN_PACKAGE = "vllm-stub"
 PIN_VERSION = "0.6.5"
 STALE_UNIT = "embedder.service"
@@ -97,11 +103,13 @@ def ct200_incident(host: sandbox_hosts.SandboxHost, log=print) -> None:
     wheel = pin_wheel()
     shutil.copy2(wheel, root / "var/tmp" / wheel.name)
     host.run("rm -rf /usr/lib/python3.11/ensurepip")
-    log(f"{host.name}: uv venv {VENV} (no pip), compressed-tensors 0.8.1 + CPU torch, {PIN_PACKAGE} {PIN_VERSION}")
+    log(f"{host.name}: uv venv {VENV} (no pip), {SGLANG} (no deps), compressed-tensors 0.8.1 + CPU torch, "
+        f"{PIN_PACKAGE} {PIN_VERSION}")
     host.run(
         f"export UV_CACHE_DIR=/var/cache/uv; uv venv -q --python /usr/bin/python3 {VENV} && "
         f"uv pip install -q --python {VENV}/bin/python --find-links /opt/wheels torch==2.13.0+cpu && "
         f"uv pip install -q --python {VENV}/bin/python compressed-tensors==0.8.1 && "
+        f"uv pip install -q --python {VENV}/bin/python --no-deps {SGLANG} && "
         f"uv pip install -q --python {VENV}/bin/python --no-deps /var/tmp/{wheel.name}",
         timeout=900,
     )

@@ -2,37 +2,63 @@
 
 The sandbox hosts have no GPU and no model weights, so their SGLang unit runs
 this module instead of `python -m sglang.launch_server`, with the same
-arguments. It behaves like SGLang 0.5.23 wherever the deploy can see it:
+arguments (through the same launcher, remote/server_launch.py). It behaves
+like SGLang 0.5.23 wherever the deploy can see it, and runs SGLang's own
+code from the venv wherever that code runs without a GPU:
 
-1. arguments: parsed with SGLang's own parser (`prepare_server_args`, which
-   handles `--config FILE.yaml`) when `sglang` is importable in the running
-   python, else with a small argparse that knows the flags the deploy uses
-   (same prog name, same error texts, exit 2);
-2. model: reads <model-path>/config.json; a compressed-tensors model imports
-   the venv's real `compressed_tensors.config.CompressionFormat` and touches
-   the members SGLang touches, so a too-old release raises the same
-   AttributeError (uncaught traceback, exit 1);
-3. GPUs (sandbox/gpusim.py state): TP memory-balance check and a
-   "Not enough memory" check against the simulated free memory;
-4. registers its GPU memory (mem_fraction_static x total per GPU) for its
-   own PID, so the `nvidia-smi` stand-in lists it while it lives;
-5. HTTP (stdlib): /health* 503 while "loading" then 200, /v1/models,
+1. arguments: SGLang's own parser (`prepare_server_args`, which handles
+   `--config FILE.yaml`) when `sglang` is importable, else a small argparse
+   that knows the flags the deploy uses (same prog name, same error texts);
+2. logs: SGLang's own `configure_logger` (sglang/srt/utils/common.py) and
+   the line engine.py logs at every start, `server_args={...}` built by
+   `redact_watermark_secrets(server_args.resolved_dict())`: like SGLang, the
+   API key is in it, in clear (only watermark fields are redacted). Keeping
+   it out of the journal is the launcher's job, as on a real host;
+3. one process per TP rank, started with multiprocessing "spawn" like
+   SGLang's schedulers (sglang/srt/managers/scheduler.py,
+   run_scheduler_process); each rank, in SGLang's order:
+   - TP memory-balance check (sglang/srt/distributed/bootstrap.py,
+     _check_tp_memory_balance) on the free memory all ranks saw before any
+     of them allocated;
+   - the quantization config: for compressed-tensors, SGLang's own
+     `CompressedTensorsConfig._quantization_scheme_map_from_config` and
+     `is_activation_quantization_format`, compiled from the installed
+     sglang's source files (their package imports CUDA kernels), run against
+     the venv's real compressed-tensors; without sglang's sources, a model of
+     them (quant_scheme_map_model). Under compressed-tensors < 0.10 every
+     compressed-tensors model fails: `AttributeError: nvfp4_pack_quantized`;
+   - the weights: SGLang's `_prepare_weights` (sglang/srt/model_loader/loader.py)
+     with its own `filter_duplicate_safetensors_files` (weight_utils.py) for
+     the shards model.safetensors.index.json names; then every shard's header
+     is read with the real `safetensors.safe_open` where installed, else the
+     model of it (safetensors_header_model): a missing or truncated shard
+     fails the start, and so does a model dir without weights;
+   - "Not enough memory" against the simulated free memory, then the rank
+     holds mem_fraction_static x its GPU (sandbox/gpusim.py) for its own PID;
+   a failing rank logs "Scheduler hit an exception: <traceback>" and sends
+   SIGQUIT to the main process, which kills the tree and itself (SIGKILL),
+   like SGLang's launch-phase SIGQUIT handler (engine.py); a rank that dies
+   later is noticed within a second (sglang/srt/utils/watchdog.py,
+   SubprocessWatchdog) with the same end;
+4. HTTP (stdlib): /health* 503 while "loading" then 200, /v1/models,
    /server_info, /model_info, /v1/loads, /get_load, /version, /metrics,
    /generate, /v1/chat/completions (plain and SSE), /v1/completions,
    --api-key enforced like SGLang; SIGTERM drains in-flight requests, exit 0;
-6. multi-node (--nnodes N): ranks really rendezvous over TCP at
+5. multi-node (--nnodes N): ranks really rendezvous over TCP at
    --dist-init-addr; rank 0 is ready only when all ranks joined; ranks
    >= 1 serve only SGLang's dummy health server (/health, /health_generate,
    /ping) like SGLang 0.5.23 does;
-7. logs shaped like SGLang's, the first line saying this is a simulation.
+6. the first log line says this is a simulation.
 
-Stdlib only, apart from optional imports from the running venv: sglang (its
-parser), compressed_tensors (the format check) and yaml (--config).
+Stdlib only, apart from what it finds in the running venv: sglang (parser,
+logger, source files), compressed_tensors, safetensors and yaml (--config).
 
 Environment (all optional):
   SANDBOX_LOAD_SECONDS      simulated load + warmup time, float, default 3
   SANDBOX_GEN_DELAY_S       time each generation request takes, default 0.05
   SANDBOX_SGLANG_PARSER     auto (default) | real | fallback
+  SANDBOX_SGLANG_SRC        the sglang package directory whose source files
+                            the checks run (default: the importable sglang's)
   SANDBOX_DIST_WAIT_S       how long rank 0 waits for the other ranks when
                             --dist-timeout is not given, default 600
   SANDBOX_NONZERO_SIGTERM_WAIT_S
@@ -42,20 +68,34 @@ Environment (all optional):
   SANDBOX_GPU_LAYOUT, SANDBOX_GPU_REGISTRY   (read by gpusim)
   SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=0  turns the balance check into a
                             warning, like SGLang
+  SGLANG_LOG_MS=1           milliseconds in log timestamps, like SGLang
   CUDA_VISIBLE_DEVICES      physical GPU indices (or UUIDs), comma separated
 """
 
 from __future__ import annotations
 
+import __future__
 import argparse
+import ast
+import builtins
+import ctypes
+import dis
+import glob
+import importlib
 import importlib.util
 import json
+import logging
+import multiprocessing
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
+import traceback
+import types
+import typing
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -74,34 +114,57 @@ ATTENTION_BACKEND_CHOICES = [
     "ascend", "intel_xpu",
 ]
 
-# sglang 0.5.23 layers/quantization/compressed_tensors/utils.py
-# is_activation_quantization_format(): evaluated for every config group, so
-# these members are needed whatever format the model itself uses.
-SGLANG_ACTIVATION_FORMAT_MEMBERS = (
-    "naive_quantized",
-    "int_quantized",
-    "float_quantized",
-    "nvfp4_pack_quantized",
-    "pack_quantized",
-)
+# The sglang 0.5.23 source files (relative to the sglang package) whose code
+# the checks run, and the functions taken from them.
+CT_UTILS_FILE = "srt/layers/quantization/compressed_tensors/utils.py"
+CT_CONFIG_FILE = "srt/layers/quantization/compressed_tensors/compressed_tensors.py"
+WEIGHT_UTILS_FILE = "srt/model_loader/weight_utils.py"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"  # sglang/srt/model_loader/loader.py
 
 _print_lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------
-# logging, SGLang style: "[2025-01-01 12:00:00 TP0] message"
+# logging, SGLang's: "[2025-01-01 12:00:00 TP0] message" on stderr
 # --------------------------------------------------------------------------
 
+_logger = logging.getLogger("sglang.srt.entrypoints.http_server")
+_engine_logger = logging.getLogger("sglang.srt.entrypoints.engine")  # the server_args line's logger
+_scheduler_logger = logging.getLogger("sglang.srt.managers.scheduler")
 
-def log(msg: str, tp: int | None = None, err: bool = False) -> None:
-    ts = time.strftime("%Y-%m-%d %H:%M:%S")
-    tag = f" TP{tp}" if tp is not None else ""
-    stream = sys.stderr if err else sys.stdout
-    with _print_lock:
-        print(f"[{ts}{tag}] {msg}", file=stream, flush=True)
+
+def configure_logging(log_level: str = "info", prefix: str = "", server_args=None) -> str:
+    """SGLang's configure_logger(server_args, prefix) when sglang's utils import
+    here (what it returns: "sglang"), else the same basicConfig ("model").
+
+    Model of sglang 0.5.23 srt/utils/common.py configure_logger: root logger,
+    format "[%(asctime)s{.msecs if SGLANG_LOG_MS}{prefix}] %(message)s",
+    datefmt "%Y-%m-%d %H:%M:%S", force=True, stderr."""
+    if server_args is not None:
+        try:
+            from sglang.srt.utils.common import configure_logger
+
+            configure_logger(server_args, prefix=prefix)
+            return "sglang"
+        except Exception:  # noqa: BLE001 - a partial sglang install: the model below
+            pass
+    maybe_ms = ".%(msecs)03d" if os.environ.get("SGLANG_LOG_MS", "").strip().lower() in ("1", "true") else ""
+    logging.basicConfig(
+        level=getattr(logging, str(log_level or "info").upper(), logging.INFO),
+        format=f"[%(asctime)s{maybe_ms}{prefix}] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        force=True,
+    )
+    return "model"
+
+
+def log(msg: str, err: bool = False, logger: logging.Logger | None = None) -> None:
+    """One log line through logging (SGLang's format); err: at ERROR."""
+    (logger or _logger).log(logging.ERROR if err else logging.INFO, msg)
 
 
 def raw(msg: str, err: bool = False) -> None:
+    """A line outside logging (uvicorn's own lines)."""
     stream = sys.stderr if err else sys.stdout
     with _print_lock:
         print(msg, file=stream, flush=True)
@@ -115,6 +178,12 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+def get_exception_traceback() -> str:
+    """sglang 0.5.23 sglang/utils.py get_exception_traceback: format_exception of the current exception."""
+    etype, value, tb = sys.exc_info()
+    return "".join(traceback.format_exception(etype, value, tb))
+
+
 # --------------------------------------------------------------------------
 # 1. arguments
 # --------------------------------------------------------------------------
@@ -126,6 +195,7 @@ class Args:
     def __init__(self, source, parser_kind: str):
         self.source = source
         self.parser_kind = parser_kind
+        self._logged: dict | None = None
         g = lambda name, default=None: getattr(source, name, default)  # noqa: E731
         self.model_path = g("model_path")
         self.tp_size = int(g("tp_size") or 1)
@@ -149,6 +219,7 @@ class Args:
         self.base_gpu_id = int(g("base_gpu_id") or 0)
         self.tool_call_parser = g("tool_call_parser")
         self.reasoning_parser = g("reasoning_parser")
+        self.log_level = g("log_level") or "info"
 
     def fields(self) -> dict:
         src = self.source
@@ -162,19 +233,33 @@ class Args:
         for name in names:
             if name.startswith("_"):
                 continue
-            value = getattr(src, name, None)
-            if name in ("api_key", "admin_api_key") and value:
-                value = "***"
-            out[name] = value
+            out[name] = getattr(src, name, None)  # api_key included, like SGLang
         return out
 
-    def masked_repr(self) -> str:
-        body = ", ".join(f"{k}={v!r}" for k, v in self.fields().items())
-        return f"ServerArgs({body})"
+    def for_logging(self) -> dict:
+        """What SGLang 0.5.23 logs as server_args= and serves as /server_info:
+        engine.py _server_args_for_logging = redact_watermark_secrets(
+        server_args.resolved_dict()), run here when sglang parsed the
+        arguments; only watermark fields are redacted, the API key is not.
+        With the fallback parser: its fields, unredacted too."""
+        if self._logged is None:
+            self._logged = self._for_logging()
+        return self._logged
+
+    def _for_logging(self) -> dict:
+        if self.parser_kind == "sglang":
+            try:
+                from sglang.srt.sampling.watermarking.core import redact_watermark_secrets
+
+                return redact_watermark_secrets(self.source.resolved_dict())
+            except Exception as e:  # noqa: BLE001 - resolution needs what this venv may lack
+                log(f"(stand-in) ServerArgs.resolved_dict() failed here ({type(e).__name__}: {e}); "
+                    "logging the parsed fields instead")
+        return self.fields()
 
     def json_fields(self) -> dict:
         out = {}
-        for k, v in self.fields().items():
+        for k, v in self.for_logging().items():
             try:
                 json.dumps(v)
                 out[k] = v
@@ -276,8 +361,79 @@ def parse_args(argv: list[str]) -> Args:
     return Args(ns, "fallback")
 
 
+
+
 # --------------------------------------------------------------------------
-# 2. model
+# SGLang's own code, from the installed sglang's source files
+# --------------------------------------------------------------------------
+
+
+def sglang_src_dir() -> Path | None:
+    """The sglang package directory whose files the checks run (SANDBOX_SGLANG_SRC,
+    else the importable sglang's), found without importing sglang."""
+    override = os.environ.get("SANDBOX_SGLANG_SRC", "").strip()
+    if override:
+        return Path(override)
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def load_upstream_module(rel: str, name: str) -> types.ModuleType | None:
+    """One sglang source file run as a module of its own (its package's
+    __init__, which imports CUDA kernels, is not run); None without sglang's sources."""
+    root = sglang_src_dir()
+    path = root / rel if root else None
+    if path is None or not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # its own imports fail here as they would in SGLang
+    return module
+
+
+def upstream_function(rel: str, qualname: str, namespace: dict) -> types.FunctionType | None:
+    """One function (``func`` or ``Class.method``) compiled from an sglang
+    source file's own text into ``namespace``, for files whose imports pull
+    in CUDA code. None without the file, the function, or a name it uses."""
+    root = sglang_src_dir()
+    path = root / rel if root else None
+    if path is None or not path.is_file():
+        return None
+    body: list = ast.parse(path.read_text(), str(path)).body
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    if not isinstance(node, ast.FunctionDef):
+        return None
+    node.decorator_list = []  # classmethod/staticmethod: called with cls=None
+    code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    scope = dict(namespace)
+    exec(code, scope)  # noqa: S102 - SGLang's own source, from the venv
+    fn = scope[node.name]
+    missing = [n for n in _global_names(fn.__code__) if n not in scope and not hasattr(builtins, n)]
+    return None if missing else fn
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names a function's code reads (nested code included)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+# --------------------------------------------------------------------------
+# 2. model: config, quantization, weights
 # --------------------------------------------------------------------------
 
 
@@ -291,38 +447,218 @@ def load_model_config(model_path: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _quantization_scheme_map_from_config(quant_config: dict) -> None:
-    """What SGLang's CompressedTensorsConfig touches of the installed
-    compressed-tensors: the model's format members, and (per config group)
-    the members is_activation_quantization_format() lists. A missing member
-    raises AttributeError from the enum, uncaught, like SGLang."""
-    from compressed_tensors.config import CompressionFormat
+def is_activation_quantization_format_model(format: str) -> bool:  # noqa: A002 - upstream's name
+    """Model of sglang 0.5.23 srt/layers/quantization/compressed_tensors/utils.py
+    is_activation_quantization_format(), used where sglang's sources are not
+    installed: the list is built at every call from five members, so a
+    compressed-tensors release without nvfp4_pack_quantized (< 0.10) raises
+    AttributeError for any format. tests/unit/test_conformance.py checks it
+    against the real function."""
+    from compressed_tensors import CompressionFormat
 
-    quant_format = quant_config.get("format")
-    if quant_format:
-        getattr(CompressionFormat, quant_format.replace("-", "_"))
-    for _, group in (quant_config.get("config_groups") or {}).items():
-        group_format = (group or {}).get("format") or quant_format
-        if group_format:
-            getattr(CompressionFormat, group_format.replace("-", "_"))
-        is_activation_quantization_format(CompressionFormat, group_format)
-
-
-def is_activation_quantization_format(CompressionFormat, fmt) -> bool:  # noqa: N803
-    formats = [getattr(CompressionFormat, m).value for m in SGLANG_ACTIVATION_FORMAT_MEMBERS]
-    return fmt in formats
+    _ACTIVATION_QUANTIZATION_FORMATS = [  # noqa: N806 - upstream's name
+        CompressionFormat.naive_quantized.value,
+        CompressionFormat.int_quantized.value,
+        CompressionFormat.float_quantized.value,
+        CompressionFormat.nvfp4_pack_quantized.value,
+        CompressionFormat.pack_quantized.value,
+    ]
+    return format in _ACTIVATION_QUANTIZATION_FORMATS
 
 
-def check_quantization(config: dict) -> str:
+def quant_scheme_map_model(cls, config: dict, is_activation_quantization_format=None) -> dict:
+    """Model of sglang 0.5.23 srt/layers/quantization/compressed_tensors/
+    compressed_tensors.py CompressedTensorsConfig._quantization_scheme_map_from_config
+    (the first thing from_config does), with the venv's real QuantizationArgs:
+    per config group and target, the weights are validated, then the group's
+    format (else the model's) goes through is_activation_quantization_format."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationType
+
+    check = is_activation_quantization_format or is_activation_quantization_format_model
+    target_scheme_map: dict = {}
+    quant_format = config.get("format")
+    for _, quant_config in config.get("config_groups", dict()).items():
+        for target in quant_config.get("targets"):
+            target_scheme_map[target] = {
+                "weights": QuantizationArgs.model_validate(quant_config.get("weights")),
+                "input_activations": None,
+            }
+            group_format = quant_config.get("format")
+            target_scheme_map[target]["format"] = group_format
+            if check(group_format if group_format is not None else quant_format):
+                input_activations = quant_config.get("input_activations")
+                if not input_activations:
+                    weight_type = target_scheme_map[target]["weights"].type
+                    if weight_type != QuantizationType.INT:
+                        assert weight_type == QuantizationType.FLOAT
+                else:
+                    target_scheme_map[target]["input_activations"] = QuantizationArgs.model_validate(
+                        input_activations
+                    )
+    return target_scheme_map
+
+
+def compressed_tensors_checker() -> tuple[typing.Callable[[dict], dict], str]:
+    """The function that checks a compressed-tensors quantization_config the
+    way SGLang does, and where it comes from: SGLang's own code when its
+    source files are installed ("sglang"), else the model ("model")."""
+    utils = load_upstream_module(CT_UTILS_FILE, "sglang_standin_upstream_ct_utils")
+    if utils is not None:
+        from compressed_tensors.quantization import QuantizationArgs, QuantizationType
+
+        namespace = {"cast": typing.cast, "QuantizationArgs": QuantizationArgs, "QuantizationType": QuantizationType,
+                     "is_activation_quantization_format": utils.is_activation_quantization_format}
+        fn = upstream_function(CT_CONFIG_FILE, "CompressedTensorsConfig._quantization_scheme_map_from_config",
+                               namespace)
+        if fn is not None:
+            return (lambda config: fn(None, config)), "sglang"
+        return (lambda config: quant_scheme_map_model(
+            None, config, utils.is_activation_quantization_format)), "sglang utils + model"
+    return (lambda config: quant_scheme_map_model(None, config)), "model"
+
+
+def check_quantization(config: dict, announce: typing.Callable[[str], None] | None = None) -> tuple[str, str]:
+    """(quant_method, where the check came from); raises what SGLang raises.
+    announce(source) is called before the check runs."""
     qc = config.get("quantization_config") or {}
     method = qc.get("quant_method")
+    source = ""
     if method == "compressed-tensors":
-        _quantization_scheme_map_from_config(qc)
-    return method or ""
+        check, source = compressed_tensors_checker()
+        if announce is not None:
+            announce(source)
+        check(qc)
+    return method or "", source
+
+
+class SafetensorError(Exception):
+    """safetensors' exception, as tracebacks name it (safetensors 0.8.0)."""
+
+
+SafetensorError.__module__ = "safetensors._safetensors_rust"
+SAFETENSORS_MAX_HEADER = 100_000_000
+# safetensors 0.8.0 dtype sizes in bits (sub-byte types: F4, F6_*)
+_ST_DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}
+
+
+def safetensors_header_model(path: str) -> list[str]:
+    """Model of safetensors 0.8.0 safe_open's header validation (Rust:
+    safetensors/src/tensor.rs, SafeTensors::read_metadata and
+    Metadata::validate), for venvs without safetensors: the tensor names, or
+    SafetensorError with its message. Checked against the real package
+    (tests/unit/test_conformance.py) for truncated, empty, cut-header and
+    bad-offset files; serde's JSON error texts are not reproduced."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise SafetensorError("Error while deserializing header: header too small")
+        n = struct.unpack("<Q", head)[0]
+        if n > SAFETENSORS_MAX_HEADER:
+            raise SafetensorError("Error while deserializing header: header too large")
+        if n + 8 > size:
+            raise SafetensorError("Error while deserializing header: invalid header length")
+        raw_header = f.read(n)
+    try:
+        header = json.loads(raw_header.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SafetensorError(f"Error while deserializing header: invalid UTF-8 in header: {e}") from None
+    except ValueError as e:
+        raise SafetensorError(f"Error while deserializing header: invalid JSON in header: {e}") from None
+    if not isinstance(header, dict):
+        raise SafetensorError("Error while deserializing header: invalid JSON in header: not a map")
+    tensors = sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                     key=lambda kv: tuple((kv[1] or {}).get("data_offsets") or (0, 0)))
+    start = 0
+    for name, info in tensors:
+        try:
+            begin, end = info["data_offsets"]
+            bits = _ST_DTYPE_BITS[info["dtype"]]
+            count = 1
+            for d in info["shape"]:
+                count *= int(d)
+        except (KeyError, TypeError, ValueError):
+            raise SafetensorError("Error while deserializing header: invalid JSON in header") from None
+        if begin != start or end < begin:
+            raise SafetensorError(f"Error while deserializing header: invalid offset for tensor `{name}`")
+        if count * bits % 8 or end - begin != count * bits // 8:
+            raise SafetensorError(
+                "Error while deserializing header: invalid shape, data type, or offset for tensor")
+        start = end
+    if start + 8 + n != size:
+        raise SafetensorError("Error while deserializing header: incomplete metadata, file not fully covered")
+    return [name for name, _ in tensors]
+
+
+def open_safetensors(path: str) -> list[str]:
+    """A shard's tensor names, its header checked as SGLang's loader does
+    (safetensors.safe_open, the real one when installed; else the model)."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return safetensors_header_model(path)
+    with safe_open(path, framework="numpy") as f:  # the header only: no framework import
+        return list(f.keys())
+
+
+def filter_duplicate_safetensors_files_model(hf_weights_files: list[str], hf_folder: str, index_file: str,
+                                             allow_patterns=None) -> list[str]:
+    """Model of sglang 0.5.23 srt/model_loader/weight_utils.py
+    filter_duplicate_safetensors_files, local dirs (used without sglang's sources)."""
+    index_file_name = os.path.join(hf_folder, index_file)
+    if not os.path.isfile(index_file_name):
+        return hf_weights_files
+    with open(index_file_name) as f:
+        weight_map = json.load(f)["weight_map"]
+    weight_files_in_index = {os.path.join(hf_folder, weight_map[name]) for name in weight_map}
+    missing_files = sorted(f for f in weight_files_in_index if not os.path.isfile(f))
+    if missing_files:
+        raise RuntimeError(
+            f"{index_file} references {len(missing_files)} shard file(s) missing "
+            f"from {hf_folder} (incomplete download?): "
+            f"{[os.path.basename(f) for f in missing_files]}"
+        )
+    return [f for f in hf_weights_files if f in weight_files_in_index]
+
+
+def weight_files_filter() -> tuple[typing.Callable, str]:
+    """SGLang's filter_duplicate_safetensors_files from its source ("sglang"), else the model."""
+    import fnmatch
+
+    fn = upstream_function(WEIGHT_UTILS_FILE, "filter_duplicate_safetensors_files",
+                           {"os": os, "json": json, "fnmatch": fnmatch})
+    if fn is not None:
+        return fn, "sglang"
+    return filter_duplicate_safetensors_files_model, "model"
+
+
+def prepare_weights(model_path: str) -> tuple[list[str], str]:
+    """The weight files SGLang would load from a local model dir, load_format
+    auto (model of sglang 0.5.23 srt/model_loader/loader.py
+    DefaultModelLoader._prepare_weights: *.safetensors, else *.bin; the index
+    filter; "Cannot find any model weights"), sorted, and the filter's source."""
+    hf_weights_files: list[str] = []
+    use_safetensors = False
+    for pattern in ("*.safetensors", "*.bin"):
+        hf_weights_files += glob.glob(os.path.join(model_path, pattern))
+        if hf_weights_files:
+            use_safetensors = pattern.endswith(".safetensors")
+            break
+    source = ""
+    if use_safetensors:
+        filter_fn, source = weight_files_filter()
+        hf_weights_files = filter_fn(hf_weights_files, model_path, SAFE_WEIGHTS_INDEX_NAME)
+    if len(hf_weights_files) == 0:
+        raise RuntimeError(f"Cannot find any model weights with `{model_path}`")
+    return sorted(hf_weights_files), source
 
 
 # --------------------------------------------------------------------------
-# 3./4. GPUs
+# 3. GPUs
 # --------------------------------------------------------------------------
 
 
@@ -369,32 +705,242 @@ def select_gpus(layout: dict, args: Args) -> list[dict]:
     return wanted
 
 
-def check_memory(gpus: list[dict], used: dict[int, int], args: Args, tp_base: int) -> dict[int, int]:
-    """SGLang's TP memory-balance check and the not-enough-memory check.
 
-    Returns free MiB per GPU index."""
-    free = {g["index"]: g["memory_total_mib"] - used.get(g["index"], 0) for g in gpus}
-    if args.tp_size > 1:
-        pre_model_load_memory = min(free.values()) / 1024
-        for rank, gpu in enumerate(gpus):
-            local_gpu_memory = free[gpu["index"]] / 1024
-            if pre_model_load_memory < local_gpu_memory * 0.9:
-                msg = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
-                msg += f"{pre_model_load_memory=}, {local_gpu_memory=}, {local_gpu_memory * 0.9=}"
-                if os.environ.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "1").strip().lower() in (
-                    "0", "false", "no", "off",
-                ):
-                    log(msg, tp=tp_base + rank, err=True)
+def check_tp_memory_balance(*, pre_model_load_memory: float, local_gpu_memory: float) -> None:
+    """Model of sglang 0.5.23 srt/distributed/bootstrap.py _check_tp_memory_balance (GB values)."""
+    if pre_model_load_memory < local_gpu_memory * 0.9:
+        msg = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+        msg += f"{pre_model_load_memory=}, {local_gpu_memory=}, {local_gpu_memory * 0.9=}"
+        if os.environ.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "1").strip().lower() in (
+            "0", "false", "no", "off",
+        ):
+            _scheduler_logger.warning(msg)
+        else:
+            raise RuntimeError(msg)
+
+
+# --------------------------------------------------------------------------
+# 3b. TP ranks: one process each, like SGLang's scheduler processes
+# --------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Like SGLang's kill_itself_when_parent_died: PR_SET_PDEATHSIG = SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def run_rank(cfg: dict, conn) -> None:
+    """One TP rank's process (SGLang: run_scheduler_process in
+    srt/managers/scheduler.py): initialise, say "ready" through the pipe,
+    then hold the GPU memory until the main process says "shutdown" or goes
+    away. A failure is logged as "Scheduler hit an exception: <traceback>" and
+    SIGQUIT goes to the main process, as in SGLang."""
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the main process stops the ranks
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(cfg["log_level"], prefix=f" TP{cfg['tp_rank']}")
+    gpusim = _import_gpusim()
+    try:
+        info = _rank_init(cfg, gpusim)
+        conn.send({"status": "ready", **info})
+    except Exception:  # noqa: BLE001 - SGLang's scheduler catches everything here too
+        _scheduler_logger.error(f"Scheduler hit an exception: {get_exception_traceback()}")
+        os.kill(cfg["parent_pid"], signal.SIGQUIT)
+        return
+    try:
+        while conn.recv() != "shutdown":
+            pass
+    except (EOFError, OSError):
+        pass
+    finally:
+        gpusim.unregister(os.getpid())
+
+
+def _rank_init(cfg: dict, gpusim) -> dict:
+    """A rank's start, in SGLang's order: memory balance, quantization config,
+    weights, memory pool. Returns what the rank tells the main process."""
+    gpu, load_seconds = cfg["gpu"], cfg["load_seconds"]
+    idx = gpu["index"]
+    free = {int(k): v for k, v in cfg["free_mib"].items()}
+    log(f"Init torch distributed begin. (simulated GPU {idx})", logger=_scheduler_logger)
+    if cfg["tp_size"] > 1:
+        check_tp_memory_balance(pre_model_load_memory=min(free.values()) / 1024,
+                                local_gpu_memory=free[idx] / 1024)
+    log("Init torch distributed ends. elapsed=0.01 s, mem usage=0.00 GB", logger=_scheduler_logger)
+    avail = free[idx] / 1024
+    log(f"Load weight begin. avail mem={avail:.2f} GB", logger=_scheduler_logger)
+    model_config = load_model_config(cfg["model_path"])
+    quant = (model_config.get("quantization_config") or {}).get("quant_method") or ""
+    if cfg["local_rank"] == 0:  # once per node: each check imports torch (SGLang: every rank)
+        quant, _ = check_quantization(model_config, lambda source: log(
+            f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
+            f"{sglang_src_dir()})", logger=_scheduler_logger))
+    files, filter_source = prepare_weights(cfg["model_path"])
+    tensors = sum(len(open_safetensors(f)) for f in files if f.endswith(".safetensors"))
+    time.sleep(load_seconds * 0.6)
+    hold = int(cfg["mem_fraction_static"] * gpu["memory_total_mib"])
+    held = hold / 1024
+    weights = held * 0.6
+    arch = (model_config.get("architectures") or ["?"])[0]
+    quant_str = f"quant={quant}, " if quant else ""
+    log(f"Load weight end. elapsed={load_seconds * 0.6:.2f} s, type={arch}, {quant_str}"
+        f"avail mem={avail - weights:.2f} GB, mem usage={weights:.2f} GB. "
+        f"({len(files)} weight file(s), {tensors} tensors; index filter: {filter_source or '-'})",
+        logger=_scheduler_logger)
+    if hold > free[idx]:
+        raise RuntimeError(
+            "Not enough memory. Please try to increase --mem-fraction-static. "
+            f"Current value: mem_fraction_static={cfg['mem_fraction_static']}"
+        )
+    gpusim.register(os.getpid(), {idx: hold}, name="python3")
+    kv = held - weights
+    tokens = int(kv * 1024 * 4)
+    log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv:.2f} GB", logger=_scheduler_logger)
+    log(f"Memory pool end. avail mem={avail - held:.2f} GB", logger=_scheduler_logger)
+    log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail - held:.2f} GB",
+        logger=_scheduler_logger)
+    time.sleep(load_seconds * 0.3)
+    log(f"Capture cuda graph end. Time elapsed: {load_seconds * 0.3:.2f} s. mem usage=0.00 GB. "
+        f"avail mem={avail - held:.2f} GB.", logger=_scheduler_logger)
+    ctx = int(cfg["context_length"] or model_config.get("max_position_embeddings") or 4096)
+    log(f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        f"max_running_requests=1024, context_len={ctx}, available_gpu_mem={avail - held:.2f} GB",
+        logger=_scheduler_logger)
+    return {"tp_rank": cfg["tp_rank"], "pid": os.getpid(), "max_total_num_tokens": tokens}
+
+
+def rank_configs(args: Args, gpus: list[dict], tp_base: int, load_seconds: float) -> list[dict]:
+    """What each of this node's ranks is started with (plain data: pickled to a spawned process).
+    The free memory is taken once, before any rank allocates: what SGLang's
+    ranks see before the model loads (all-reduced MIN for the balance check)."""
+    gpusim = _import_gpusim()
+    used = gpusim.used_mib_by_gpu(gpusim.load_layout())
+    free = {str(g["index"]): g["memory_total_mib"] - used.get(g["index"], 0) for g in gpus}
+    return [
+        {"tp_rank": tp_base + i, "local_rank": i, "gpu": g, "free_mib": free, "tp_size": args.tp_size,
+         "mem_fraction_static": args.mem_fraction_static, "model_path": args.model_path,
+         "context_length": args.context_length, "load_seconds": load_seconds,
+         "parent_pid": os.getpid(), "log_level": args.log_level}
+        for i, g in enumerate(gpus)
+    ]
+
+
+class Ranks:
+    """This node's rank processes, started with multiprocessing "spawn" like
+    SGLang's (engine.py sets it), and the watchdog over them."""
+
+    def __init__(self, cfgs: list[dict]):
+        ctx = multiprocessing.get_context("spawn")
+        # the module by its own name: picklable whether this runs as __main__ or under runpy
+        target = importlib.import_module("sglang_standin").run_rank
+        self.procs: list = []
+        self.conns: list = []
+        self._stop_watch = threading.Event()
+        for i, cfg in enumerate(cfgs):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(target=target, args=(cfg, child_end), name=f"scheduler_{i}")
+            proc.start()
+            child_end.close()
+            self.procs.append(proc)
+            self.conns.append(parent_end)
+
+    def _died(self, i: int) -> RuntimeError:
+        """Model of sglang 0.5.23 engine.py _scheduler_died_error."""
+        proc = self.procs[i]
+        proc.join(timeout=10)
+        return RuntimeError(
+            f"Rank {i} scheduler died during initialization "
+            f"(exit code: {proc.exitcode}). "
+            f"If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+            f"Run `dmesg -T | grep -i oom` to check."
+        )
+
+    def wait_ready(self, stop: threading.Event) -> bool:
+        """Model of engine.py _wait_for_scheduler_ready: True once every rank is ready,
+        False when stopped first; RuntimeError when a rank died or failed."""
+        for i, conn in enumerate(self.conns):
+            while True:
+                if stop.is_set():
+                    return False
+                if conn.poll(0.2):
+                    try:
+                        data = conn.recv()
+                    except EOFError:
+                        raise self._died(i) from None
+                    if data.get("status") != "ready":
+                        raise RuntimeError("Initialization failed. Please see the error messages above.")
                     break
-                raise RuntimeError(msg)
-    for gpu in gpus:
-        need = args.mem_fraction_static * gpu["memory_total_mib"]
-        if need > free[gpu["index"]]:
-            raise RuntimeError(
-                "Not enough memory. Please try to increase --mem-fraction-static. "
-                f"Current value: mem_fraction_static={args.mem_fraction_static}"
-            )
-    return free
+                for j, proc in enumerate(self.procs):
+                    if not proc.is_alive():
+                        raise self._died(j)
+        return True
+
+    def start_watchdog(self, interval: float = 1.0) -> None:
+        """Model of sglang 0.5.23 srt/utils/watchdog.py SubprocessWatchdog."""
+
+        def loop() -> None:
+            while not self._stop_watch.wait(interval):
+                for proc in self.procs:
+                    if proc.is_alive() or proc.exitcode == 0:
+                        continue
+                    log(f"Subprocess {proc.name} (pid={proc.pid}) crashed with exit code {proc.exitcode}. "
+                        "Triggering SIGQUIT for cleanup...", err=True)
+                    os.kill(os.getpid(), signal.SIGQUIT)
+                    return
+
+        threading.Thread(target=loop, daemon=True, name="subprocess-watchdog").start()
+
+    def shutdown(self, timeout: float = 10) -> None:
+        """Graceful: every rank frees its memory and exits 0."""
+        self._stop_watch.set()
+        for conn in self.conns:
+            try:
+                conn.send("shutdown")
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(timeout)
+        self.kill()
+
+    def kill(self) -> None:
+        self._stop_watch.set()
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()  # by PID: only the ranks this process started
+                proc.join(5)
+
+
+_common_logger = logging.getLogger("sglang.srt.utils.common")
+
+
+def _kill_process_tree_self() -> None:
+    """Model of sglang 0.5.23 srt/utils/common.py kill_process_tree(os.getpid()):
+    the children are SIGKILLed, then the process kills itself."""
+    pid = os.getpid()
+    _common_logger.info(f"kill_process_tree called: parent_pid={pid}, include_parent=True, pid={pid}")
+    for fn in _CLEANUP:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(pid, signal.SIGKILL)
+
+
+def _sigquit_launch(signum, frame) -> None:
+    """engine.py launch_phase_sigquit_handler."""
+    log("Received sigquit from a child process. It usually means the child failed.", err=True)
+    _kill_process_tree_self()
+
+
+def _sigquit_running(signum, frame) -> None:
+    """http_server.py running_phase_sigquit_handler (once the server is up)."""
+    log(f"SIGQUIT received. {signum=}, {frame=}. It usually means one child failed.", err=True)
+    _kill_process_tree_self()
 
 
 # --------------------------------------------------------------------------
@@ -1081,6 +1627,8 @@ def _hard_exit(code: int) -> None:
     os._exit(code)
 
 
+
+
 # --------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------
@@ -1106,8 +1654,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
+    configure_logging()  # SGLang's format until the arguments say more
     log(SIMULATION_BANNER)
     args = parse_args(argv)
+    configure_logging(args.log_level, server_args=args.source if args.parser_kind == "sglang" else None)
     if args.parser_kind != "sglang":
         why = (
             "SANDBOX_SGLANG_PARSER=fallback"
@@ -1116,38 +1666,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         log(f"{why}: arguments parsed by the stand-in's fallback parser, not SGLang's real one "
             "(the real parser was not available)")
-    log(f"server_args={args.masked_repr()}")
+    # engine.py, at every start: the resolved arguments, API key in clear (see Args.for_logging)
+    _engine_logger.info(f"server_args={args.for_logging()}")
+    signal.signal(signal.SIGQUIT, _sigquit_launch)
 
     load_seconds = _env_float("SANDBOX_LOAD_SECONDS", 3.0)
     nnodes = max(1, args.nnodes)
-    node_rank = args.node_rank
     if nnodes > 1 and not args.dist_init_addr:
         raise ValueError("--dist-init-addr is required when --nnodes > 1")
-    per_node = max(1, args.tp_size // nnodes)
-    tp_base = node_rank * per_node
-
-    # 2. the model and its quantization (imports the venv's compressed-tensors)
+    tp_base = args.node_rank * max(1, args.tp_size // nnodes)
     model_config = load_model_config(args.model_path)
-    quant = check_quantization(model_config)
-    arch = (model_config.get("architectures") or ["?"])[0]
-
-    # 3. GPUs
     gpusim = _import_gpusim()
-    layout = gpusim.load_layout()
-    gpus = select_gpus(layout, args)
-    used = gpusim.used_mib_by_gpu(layout)
-    gpu_ids = ",".join(str(g["index"]) for g in gpus)
-    log(f"Init torch distributed begin. (simulated GPUs {gpu_ids}, tp_size={args.tp_size}, "
-        f"nnodes={nnodes}, node_rank={node_rank})", tp=tp_base)
-    free = check_memory(gpus, used, args, tp_base)
-
-    # 4. hold GPU memory while this process lives
-    hold = {g["index"]: int(args.mem_fraction_static * g["memory_total_mib"]) for g in gpus}
-    gpusim.register(os.getpid(), hold, name="python3")
-    _CLEANUP.append(lambda: gpusim.unregister(os.getpid()))
-
+    gpus = select_gpus(gpusim.load_layout(), args)
     try:
-        return _run(args, stop, model_config, quant, arch, gpus, free, hold, tp_base, load_seconds)
+        return _run(args, stop, model_config, gpus, tp_base, load_seconds)
     finally:
         for fn in _CLEANUP:
             try:
@@ -1156,22 +1688,22 @@ def main(argv: list[str] | None = None) -> int:
                 pass
 
 
-def _run(args, stop, model_config, quant, arch, gpus, free, hold, tp_base, load_seconds) -> int:
+def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
     nnodes = max(1, args.nnodes)
     node_rank = args.node_rank
     version = _sglang_version()
     state = ServerState(args, model_config, version, full_api=(node_rank == 0))
     server = None
 
-    # 5. the HTTP server answers 503 on /health while loading (rank 0)
+    # the HTTP server answers 503 on /health while loading (node rank 0)
     if node_rank == 0:
         server = start_http(args.host, args.port, state)
-        raw(f"INFO:     Started server process [{os.getpid()}]")
-        raw("INFO:     Waiting for application startup.")
-        raw("INFO:     Application startup complete.")
-        raw(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+        raw(f"INFO:     Started server process [{os.getpid()}]", err=True)
+        raw("INFO:     Waiting for application startup.", err=True)
+        raw("INFO:     Application startup complete.", err=True)
+        raw(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)", err=True)
 
-    # 6. multi-node rendezvous
+    # multi-node rendezvous
     rdv = None
     if nnodes > 1:
         rdv = Rendezvous(args, stop)
@@ -1182,64 +1714,52 @@ def _run(args, stop, model_config, quant, arch, gpus, free, hold, tp_base, load_
             rdv.join(float(args.dist_timeout) if args.dist_timeout else 60.0)
     if stop.is_set():
         return _shutdown(state, server, rdv, node_rank)
-    log("Init torch distributed ends. elapsed=0.01 s, mem usage=0.00 GB", tp=tp_base)
 
-    # simulated load, CUDA graphs, warmup
-    gb = lambda mib: mib / 1024  # noqa: E731
-    g0 = gpus[0]
-    avail0 = gb(free[g0["index"]])
-    held0 = gb(hold[g0["index"]])
-    weights = held0 * 0.6
-    log(f"Load weight begin. avail mem={avail0:.2f} GB", tp=tp_base)
-    if _wait(stop, load_seconds * 0.6):
-        return _shutdown(state, server, rdv, node_rank)
-    quant_str = f"quant={quant}, " if quant else ""
-    log(f"Load weight end. elapsed={load_seconds * 0.6:.2f} s, type={arch}, {quant_str}"
-        f"avail mem={avail0 - weights:.2f} GB, mem usage={weights:.2f} GB.", tp=tp_base)
-    kv = held0 - weights
-    tokens = int(kv * 1024 * 4)
-    log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv:.2f} GB", tp=tp_base)
-    log(f"Memory pool end. avail mem={avail0 - held0:.2f} GB", tp=tp_base)
-    log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail0 - held0:.2f} GB",
-        tp=tp_base)
-    if _wait(stop, load_seconds * 0.3):
-        return _shutdown(state, server, rdv, node_rank)
-    log(f"Capture cuda graph end. Time elapsed: {load_seconds * 0.3:.2f} s. mem usage=0.00 GB. "
-        f"avail mem={avail0 - held0:.2f} GB.", tp=tp_base)
-    ctx = int(args.context_length or model_config.get("max_position_embeddings") or 4096)
-    log(f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-        f"max_running_requests=1024, context_len={ctx}, available_gpu_mem={avail0 - held0:.2f} GB", tp=tp_base)
+    # one process per TP rank of this node: each loads, checks and holds its GPU
+    ranks = Ranks(rank_configs(args, gpus, tp_base, load_seconds))
+    _CLEANUP.append(ranks.kill)
+    if not ranks.wait_ready(stop):
+        return _shutdown(state, server, rdv, node_rank, ranks)
+    ranks.start_watchdog()
+    signal.signal(signal.SIGQUIT, _sigquit_running)
 
     if node_rank != 0:
-        # SGLang 0.5.23: ranks >= 1 run a dummy health check server on host:port
-        server = start_http(args.host, args.port, state)
-        state.ready = True
-        log(f"Node rank {node_rank} is up; serving only the health check on "
-            f"http://{args.host}:{args.port} (ranks >= 1 run no tokenizer or API server)")
-        signal.signal(signal.SIGTERM, lambda *_: _nonzero_sigterm(node_rank))
-        while not rdv.shutdown_received.is_set():
-            if rdv.shutdown_received.wait(0.5):
-                break
-            if _NONZERO_DEADLINE[0] is not None and time.time() > _NONZERO_DEADLINE[0]:
-                log("SANDBOX_NONZERO_SIGTERM_WAIT_S passed without a shutdown from node rank 0; exiting.")
-                break
-        server.shutdown()
-        server.server_close()
-        log("Exiting.")
-        return 0
+        return _serve_nonzero_node(args, state, rdv, ranks)
 
-    # rank 0: warmup, then ready
+    # node rank 0: warmup, then ready
     if _wait(stop, load_seconds * 0.1):
-        return _shutdown(state, server, rdv, node_rank)
+        return _shutdown(state, server, rdv, node_rank, ranks)
     if not args.skip_server_warmup:
         log("Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
-            "#running-req: 0, #queue-req: 0", tp=tp_base)
+            "#running-req: 0, #queue-req: 0", logger=_scheduler_logger)
         raw(f'[{time.strftime("%Y-%m-%d %H:%M:%S")}] INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
     state.ready = True
     log(READY_LINE)
 
     stop.wait()
-    return _shutdown(state, server, rdv, node_rank)
+    return _shutdown(state, server, rdv, node_rank, ranks)
+
+
+def _serve_nonzero_node(args, state: ServerState, rdv, ranks: Ranks) -> int:
+    """SGLang 0.5.23: node ranks >= 1 run a dummy health check server on host:port
+    and stop when node rank 0 broadcasts its shutdown."""
+    node_rank = args.node_rank
+    server = start_http(args.host, args.port, state)
+    state.ready = True
+    log(f"Node rank {node_rank} is up; serving only the health check on "
+        f"http://{args.host}:{args.port} (ranks >= 1 run no tokenizer or API server)")
+    signal.signal(signal.SIGTERM, lambda *_: _nonzero_sigterm(node_rank))
+    while not rdv.shutdown_received.is_set():
+        if rdv.shutdown_received.wait(0.5):
+            break
+        if _NONZERO_DEADLINE[0] is not None and time.time() > _NONZERO_DEADLINE[0]:
+            log("SANDBOX_NONZERO_SIGTERM_WAIT_S passed without a shutdown from node rank 0; exiting.")
+            break
+    server.shutdown()
+    server.server_close()
+    ranks.shutdown()
+    log("Exiting.")
+    return 0
 
 
 _NONZERO_DEADLINE: list = [None]
@@ -1256,8 +1776,8 @@ def _nonzero_sigterm(node_rank: int) -> None:
             pass
 
 
-def _shutdown(state: ServerState, server, rdv, node_rank: int) -> int:
-    """SIGTERM: health says 503, no new connections, in-flight requests finish."""
+def _shutdown(state: ServerState, server, rdv, node_rank: int, ranks: Ranks | None = None) -> int:
+    """SIGTERM: health says 503, no new connections, in-flight requests finish; then the ranks stop."""
     state.shutting_down = True
     log("Received SIGTERM: gracefully shutting down; waiting for in-flight requests "
         f"({state.inflight}) to finish.")
@@ -1268,6 +1788,8 @@ def _shutdown(state: ServerState, server, rdv, node_rank: int) -> int:
         server.server_close()
     if rdv is not None and node_rank == 0:
         rdv.broadcast_shutdown()
+    if ranks is not None:
+        ranks.shutdown()
     log("Graceful shutdown complete. Exiting.")
     return 0
 

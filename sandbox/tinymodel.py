@@ -12,9 +12,13 @@ The shards are written in the safetensors format by hand (stdlib only): an
 {name: {dtype, shape, data_offsets}, "__metadata__": {...}} padded with spaces
 to a multiple of 8, then the tensor bytes back to back. Tensor names, dtypes
 and shapes follow what a compressed-tensors checkpoint of the chosen format
-holds (e.g. nvfp4-pack-quantized: weight_packed U8, weight_scale F8_E4M3,
-weight_global_scale / input_global_scale F32), so the files look like the
-real thing to anything that reads headers or the index.
+holds, so the files look like the real thing to anything that reads headers
+or the index: pack-quantized is Kimi K2.6's own quantization (INT4 W4A16,
+symmetric groups of 32, routed experts only: weight_packed I32, weight_scale
+BF16, weight_shape I64; attention, shared experts, the dense MLP and lm_head
+BF16 and in `ignore`); nvfp4-pack-quantized (the default) quantizes every
+Linear (weight_packed U8, weight_scale F8_E4M3, weight_global_scale /
+input_global_scale F32).
 
 Stdlib only: the sandbox may run this on a host without the project venv.
 
@@ -159,95 +163,52 @@ class _Tensor:
         return n
 
 
+# Kimi K2.6 (moonshotai/Kimi-K2.6): compressed-tensors INT4 W4A16 "pack-quantized",
+# symmetric groups of 32, on the routed experts only; attention (MLA), the shared
+# experts, the dense MLP of the first layer(s) and lm_head stay BF16 (its `ignore`).
+KIMI_INT4_FORMAT = "pack-quantized"
+KIMI_INT4_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
+_INT_FORMATS = ("pack-quantized", "int-quantized", "marlin-24")
+_FP8_FORMATS = ("float-quantized", "naive-quantized", "mxfp8-quantized")
+
+
+def _args(bits: int, kind: str, strategy: str, group: int | None, dynamic: bool | str, **extra) -> dict:
+    """One QuantizationArgs of a config group (weights or input_activations)."""
+    return {"num_bits": bits, "type": kind, "symmetric": True, "strategy": strategy, "group_size": group,
+            "dynamic": dynamic, **extra, "observer": "minmax" if dynamic is not True else None,
+            "observer_kwargs": {}}
+
+
 def _quant_scheme(quant_format: str) -> dict:
     """The compressed-tensors scheme (config_groups.group_0) for a format."""
-    if quant_format in ("pack-quantized", "int-quantized", "marlin-24"):
-        # Kimi K2 style: INT4 weight-only, per-group scales.
-        return {
-            "targets": ["Linear"],
-            "weights": {
-                "num_bits": 4,
-                "type": "int",
-                "symmetric": True,
-                "strategy": "group",
-                "group_size": 32,
-                "dynamic": False,
-                "actorder": None,
-                "observer": "minmax",
-                "observer_kwargs": {},
-            },
-            "input_activations": None,
-            "output_activations": None,
-            "format": quant_format,
-        }
-    if quant_format in ("float-quantized", "naive-quantized", "mxfp8-quantized"):
-        return {
-            "targets": ["Linear"],
-            "weights": {
-                "num_bits": 8,
-                "type": "float",
-                "symmetric": True,
-                "strategy": "channel",
-                "group_size": None,
-                "dynamic": False,
-                "observer": "minmax",
-                "observer_kwargs": {},
-            },
-            "input_activations": {
-                "num_bits": 8,
-                "type": "float",
-                "symmetric": True,
-                "strategy": "token",
-                "group_size": None,
-                "dynamic": True,
-                "observer": None,
-                "observer_kwargs": {},
-            },
-            "output_activations": None,
-            "format": quant_format,
-        }
-    # nvfp4-pack-quantized (default) and anything else: FP4 weights and activations, groups of 16.
-    group = 32 if quant_format == "mxfp4-pack-quantized" else 16
-    return {
-        "targets": ["Linear"],
-        "weights": {
-            "num_bits": 4,
-            "type": "float",
-            "symmetric": True,
-            "strategy": "tensor_group",
-            "group_size": group,
-            "dynamic": False,
-            "observer": "minmax",
-            "observer_kwargs": {},
-        },
-        "input_activations": {
-            "num_bits": 4,
-            "type": "float",
-            "symmetric": True,
-            "strategy": "tensor_group",
-            "group_size": group,
-            "dynamic": "local",
-            "observer": "minmax",
-            "observer_kwargs": {},
-        },
-        "output_activations": None,
-        "format": quant_format,
-    }
+    if quant_format == KIMI_INT4_FORMAT:  # Kimi K2.6's own: W4A16, the format named once, at the top
+        weights = _args(4, "int", "group", 32, False, actorder=None, block_structure=None)
+        return {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None}
+    if quant_format in _INT_FORMATS:
+        weights, inputs = _args(4, "int", "group", 32, False, actorder=None), None
+    elif quant_format in _FP8_FORMATS:
+        weights, inputs = _args(8, "float", "channel", None, False), _args(8, "float", "token", None, True)
+    else:  # nvfp4-pack-quantized (default) and anything else: FP4 weights and activations, groups of 16
+        group = 32 if quant_format == "mxfp4-pack-quantized" else 16
+        weights, inputs = _args(4, "float", "tensor_group", group, False), _args(4, "float", "tensor_group", group,
+                                                                                 "local")
+    return {"targets": ["Linear"], "weights": weights, "input_activations": inputs, "output_activations": None,
+            "format": quant_format}
 
 
-def _linear(prefix: str, out_f: int, in_f: int, quant_format: str) -> list[_Tensor]:
-    """The tensors a compressed-tensors checkpoint stores for one quantized Linear."""
-    if quant_format in ("pack-quantized", "int-quantized", "marlin-24"):
+def _linear(prefix: str, out_f: int, in_f: int, quant_format: str | None) -> list[_Tensor]:
+    """The tensors a compressed-tensors checkpoint stores for one Linear (None: not quantized, BF16)."""
+    if quant_format is None:
+        return [_Tensor(f"{prefix}.weight", "BF16", (out_f, in_f))]
+    if quant_format in _INT_FORMATS:
         return [
             _Tensor(f"{prefix}.weight_packed", "I32", (out_f, in_f // 8)),
             _Tensor(f"{prefix}.weight_scale", "BF16", (out_f, in_f // 32)),
             _Tensor(f"{prefix}.weight_shape", "I64", (2,), f"shape:{out_f},{in_f}"),
         ]
-    if quant_format in ("float-quantized", "naive-quantized", "mxfp8-quantized"):
-        return [
-            _Tensor(f"{prefix}.weight", "F8_E4M3", (out_f, in_f)),
-            _Tensor(f"{prefix}.weight_scale", "BF16", (out_f, 1)),
-        ]
+    if quant_format in _FP8_FORMATS:
+        return [_Tensor(f"{prefix}.weight", "F8_E4M3", (out_f, in_f)),
+                _Tensor(f"{prefix}.weight_scale", "BF16", (out_f, 1))]
     group = 32 if quant_format == "mxfp4-pack-quantized" else 16
     return [
         _Tensor(f"{prefix}.weight_packed", "U8", (out_f, in_f // 2)),
@@ -257,45 +218,48 @@ def _linear(prefix: str, out_f: int, in_f: int, quant_format: str) -> list[_Tens
     ]
 
 
+def _attention(a: str, quant: str | None) -> list[_Tensor]:
+    d = _DIMS
+    h, heads = d["hidden_size"], d["num_attention_heads"]
+    qk_head = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    return [
+        *_linear(f"{a}.q_a_proj", d["q_lora_rank"], h, quant),
+        _Tensor(f"{a}.q_a_layernorm.weight", "BF16", (d["q_lora_rank"],), "ones"),
+        *_linear(f"{a}.q_b_proj", heads * qk_head, d["q_lora_rank"], quant),
+        *_linear(f"{a}.kv_a_proj_with_mqa", d["kv_lora_rank"] + d["qk_rope_head_dim"], h, quant),
+        _Tensor(f"{a}.kv_a_layernorm.weight", "BF16", (d["kv_lora_rank"],), "ones"),
+        *_linear(f"{a}.kv_b_proj", heads * (d["qk_nope_head_dim"] + d["v_head_dim"]), d["kv_lora_rank"], quant),
+        *_linear(f"{a}.o_proj", h, heads * d["v_head_dim"], quant),
+    ]
+
+
+def _mlp(m: str, inter: int, quant: str | None) -> list[_Tensor]:
+    h = _DIMS["hidden_size"]
+    return [*_linear(f"{m}.gate_proj", inter, h, quant), *_linear(f"{m}.up_proj", inter, h, quant),
+            *_linear(f"{m}.down_proj", h, inter, quant)]
+
+
 def _tensors(layers: int, experts: int, first_dense: int, quant_format: str) -> list[_Tensor]:
     d = _DIMS
     h = d["hidden_size"]
-    heads = d["num_attention_heads"]
-    qk_head = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    # Kimi's INT4 quantizes the routed experts only; the other formats here quantize every Linear
+    rest = None if quant_format == KIMI_INT4_FORMAT else quant_format
     out: list[_Tensor] = [_Tensor("model.embed_tokens.weight", "BF16", (d["vocab_size"], h))]
     for i in range(layers):
         p = f"model.layers.{i}"
         out.append(_Tensor(f"{p}.input_layernorm.weight", "BF16", (h,), "ones"))
         out.append(_Tensor(f"{p}.post_attention_layernorm.weight", "BF16", (h,), "ones"))
-        a = f"{p}.self_attn"
-        out += _linear(f"{a}.q_a_proj", d["q_lora_rank"], h, quant_format)
-        out.append(_Tensor(f"{a}.q_a_layernorm.weight", "BF16", (d["q_lora_rank"],), "ones"))
-        out += _linear(f"{a}.q_b_proj", heads * qk_head, d["q_lora_rank"], quant_format)
-        out += _linear(f"{a}.kv_a_proj_with_mqa", d["kv_lora_rank"] + d["qk_rope_head_dim"], h, quant_format)
-        out.append(_Tensor(f"{a}.kv_a_layernorm.weight", "BF16", (d["kv_lora_rank"],), "ones"))
-        out += _linear(
-            f"{a}.kv_b_proj", heads * (d["qk_nope_head_dim"] + d["v_head_dim"]), d["kv_lora_rank"], quant_format
-        )
-        out += _linear(f"{a}.o_proj", h, heads * d["v_head_dim"], quant_format)
+        out += _attention(f"{p}.self_attn", rest)
         m = f"{p}.mlp"
         if i < first_dense:
-            inter = d["intermediate_size"]
-            out += _linear(f"{m}.gate_proj", inter, h, quant_format)
-            out += _linear(f"{m}.up_proj", inter, h, quant_format)
-            out += _linear(f"{m}.down_proj", h, inter, quant_format)
+            out += _mlp(m, d["intermediate_size"], rest)
             continue
         inter = d["moe_intermediate_size"]
         out.append(_Tensor(f"{m}.gate.weight", "BF16", (experts, h)))
         out.append(_Tensor(f"{m}.gate.e_score_correction_bias", "F32", (experts,), "value:0.0"))
         for e in range(experts):
-            x = f"{m}.experts.{e}"
-            out += _linear(f"{x}.gate_proj", inter, h, quant_format)
-            out += _linear(f"{x}.up_proj", inter, h, quant_format)
-            out += _linear(f"{x}.down_proj", h, inter, quant_format)
-        shared = inter * d["n_shared_experts"]
-        out += _linear(f"{m}.shared_experts.gate_proj", shared, h, quant_format)
-        out += _linear(f"{m}.shared_experts.up_proj", shared, h, quant_format)
-        out += _linear(f"{m}.shared_experts.down_proj", h, shared, quant_format)
+            out += _mlp(f"{m}.experts.{e}", inter, quant_format)
+        out += _mlp(f"{m}.shared_experts", inter * d["n_shared_experts"], rest)
     out.append(_Tensor("model.norm.weight", "BF16", (h,), "ones"))
     out.append(_Tensor("lm_head.weight", "BF16", (d["vocab_size"], h)))  # in `ignore`: not quantized
     return out
@@ -452,7 +416,7 @@ def _config(model_type: str, layers: int, experts: int, first_dense: int, quant_
             "quant_method": "compressed-tensors",
             "format": quant_format,
             "config_groups": {"group_0": _quant_scheme(quant_format)},
-            "ignore": ["lm_head"],
+            "ignore": list(KIMI_INT4_IGNORE) if quant_format == KIMI_INT4_FORMAT else ["lm_head"],
             "kv_cache_scheme": None,
             "quantization_status": "compressed",
             "sparsity_config": {},
@@ -486,15 +450,8 @@ def _tokenizer_json() -> dict:
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {
-                "id": i,
-                "content": tok,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
+            {"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+             "special": True}
             for i, tok in enumerate(_SPECIALS)
         ],
         "normalizer": {"type": "Lowercase"},
@@ -507,15 +464,9 @@ def _tokenizer_json() -> dict:
 
 def _tokenizer_config() -> dict:
     return {
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "bos_token": "<s>",
-        "eos_token": "<|im_end|>",
-        "pad_token": "<pad>",
-        "unk_token": "<unk>",
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": False, "add_eos_token": False, "bos_token": "<s>", "eos_token": "<|im_end|>",
+        "pad_token": "<pad>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096, "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": (
             "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['content'] }}<|im_end|>{% endfor %}"
             "{% if add_generation_prompt %}<|im_assistant|>{% endif %}"
@@ -524,16 +475,8 @@ def _tokenizer_config() -> dict:
 
 
 def _generation_config() -> dict:
-    return {
-        "_from_model_config": True,
-        "bos_token_id": 1,
-        "eos_token_id": [2, 7],
-        "do_sample": True,
-        "temperature": 0.6,
-        "top_p": 0.95,
-        "max_new_tokens": 256,
-        "transformers_version": "4.48.3",
-    }
+    return {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": [2, 7], "do_sample": True,
+            "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 256, "transformers_version": "4.48.3"}
 
 
 _GITATTRIBUTES = "".join(f"*{suf} filter=lfs diff=lfs merge=lfs -text\n" for suf in LFS_SUFFIXES)

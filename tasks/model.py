@@ -4,82 +4,249 @@ Facts: ``FreeBytes`` (facts/files.py) - free bytes on the filesystem that holds
 the model dir, measured at the nearest existing parent, so it works before the
 model dir exists; ``ModelDirState`` (facts/model_dir.py) - the model dir as the
 deploy last left it.
+
+The download runs on the host (remote/fetch_model.py) in a transient systemd
+unit that survives a dropped ssh session. The step succeeds only when, after
+the unit ended, the host holds the marker of the wanted repo and revision with
+every file it lists on disk at its size (read back with ModelDirState's own
+command), whatever the unit's end looked like. Otherwise it fails with how the
+unit ended, read from systemd (killed by a signal, or fetch_model's exit code
+and what it means) and the journal's FAILED line.
+
+The step does not start a failed unit again: fetch_model already retries
+transient Hub failures (5 attempts per phase, backing off 5 s to 40 s) before
+it exits 7, and a kill is meant (an operator's `systemctl kill`, the OOM
+killer). The next run removes the killed run's partial files, fetches only the
+files that were not complete, and says how many bytes that was.
 """
 
 from __future__ import annotations
 
+import signal
 import time
+from dataclasses import dataclass
 from io import StringIO
 from shlex import quote as _shell_quote
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
-from core.disk import disk_need, hf_token
-from core.ops import explaining_line, fail_command, gb, plan, record_failure
-from core.paths import CONFIG_DIR, REMOTE_DIR, REMOTE_SRC_DIR, TOKEN_FILE
+from core.disk import HubError, disk_need, hf_token, model_complete
+from core.ops import fail_command, gb, plan, record_failure
+from core.paths import CONFIG_DIR, MODEL_MARKER, REMOTE_DIR, REMOTE_SRC_DIR, TOKEN_FILE
+from facts.model_dir import ModelDir, ModelDirState
 from tasks.spec import Spec
 
 FETCH_UNIT = "sglang-model-fetch.service"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
 LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
+# remote/fetch_model.py's exit codes
+EXIT_MEANINGS = {
+    1: "an error that is not retried",
+    3: "not enough disk, nothing downloaded",
+    4: "verification failed",
+    5: "the Hub refused the token",
+    6: "the repo or the revision does not exist on the Hub",
+    7: "gave up after repeated transient Hub failures",
+}
+RUNNING = ("active", "activating", "deactivating", "reloading")
+UNIT_PROPS = "LoadState,ActiveState,Result,ExecMainCode,ExecMainStatus,InvocationID"
+REPORTED = ("removed ", "fetched ", "verified ")  # what the step shows of a successful run's journal
+CAUSES = ("FAILED:", "VERIFY FAILED:", "REFUSED:")  # fetch_model's lines that say why it failed
 
 
-def _fetch(state, host, fetch_argv: str, local_dir: str, need: int, token_file: str | None) -> bool:
-    """Start (or attach to) the download unit, print progress until it ends."""
-    def run(command: str):
-        return host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
+class HostLost(Exception):
+    """The controller lost the host while the download ran (ssh dropped, the host rebooted)."""
 
-    unit = FETCH_UNIT
-    _ok, out = run(f"systemctl show {unit} --property=ActiveState --value")
-    if out.stdout.strip() in ("active", "activating"):
-        host.log(f"model: attaching to the download already running ({unit})", logger.warning)
-    else:
-        run(f"systemctl reset-failed {unit} 2>/dev/null; true")
-        ok, out = run(
-            f"systemd-run --unit={unit} --collect --quiet --property=Type=exec "
-            f"--description='sglang-converge model download' {fetch_argv}"
-        )
+
+@dataclass(frozen=True)
+class Download:
+    """What the FunctionCommand needs: the unit's command line, and what the host must hold at the end."""
+
+    repo: str
+    revision: str
+    local_dir: str
+    argv: str  # fetch_model.py's command line, shell-quoted
+    need: int  # bytes still to fetch when the step was planned
+    expected: dict[str, int]  # the revision's files and sizes (the Hub's)
+    token_file: str | None
+
+
+class _Remote:
+    """Commands on the host for the FunctionCommand; a connection that fails raises HostLost."""
+
+    def __init__(self, host) -> None:
+        self.host = host
+
+    def run(self, command: str | StringCommand) -> tuple[bool, list[str]]:
+        cmd = command if isinstance(command, StringCommand) else StringCommand(command)
+        try:
+            ok, out = self.host.run_shell_command(cmd, print_output=False, print_input=False)
+        except Exception as err:  # noqa: BLE001 - paramiko, sockets, gevent: all mean the same here
+            raise HostLost(f"{type(err).__name__}: {err}") from err
+        return ok, list(out.stdout_lines)
+
+    def unit(self) -> dict[str, str]:
+        ok, lines = self.run(f"systemctl show {FETCH_UNIT} --property={UNIT_PROPS}")
+        return dict(line.split("=", 1) for line in lines if "=" in line) if ok else {}
+
+    def model_dir(self, local_dir: str) -> ModelDir:
+        """The model dir as ModelDirState reads it (the same command), now."""
+        fact = ModelDirState()
+        ok, lines = self.run(fact.command(local_dir))
         if not ok:
-            host.log_styled(f"model: could not start the download unit: {out.stderr}", fg="red", log_func=logger.error)
-            record_failure(state, host, f"model: could not start the download unit: {out.stderr}")
-            return False
-        host.log(f"model: downloading in {unit} (survives a dropped ssh session; a re-run attaches to it)",
-                 logger.warning)
+            raise HostLost(f"cannot read {local_dir} on the host")
+        return fact.process(lines)
+
+    def journal(self, invocation: str) -> list[str]:
+        """This run's lines: the script's and systemd's about the unit (the last 40)."""
+        where = (f"_SYSTEMD_INVOCATION_ID={invocation} + INVOCATION_ID={invocation}" if invocation
+                 else f"-u {FETCH_UNIT}")
+        _ok, lines = self.run(f"journalctl --sync 2>/dev/null; journalctl --no-pager -o cat -n 40 {where}")
+        return [line for line in lines if line.strip() and not line.startswith("-- ")]
+
+
+def _start(remote: _Remote, host, argv: str) -> str:
+    """Start the download unit (or attach to the one running); its InvocationID."""
+    props = remote.unit()
+    if props.get("ActiveState") in RUNNING:
+        host.log(f"model: attaching to the download already running ({FETCH_UNIT})", logger.warning)
+        return props.get("InvocationID", "")
+    remote.run(f"systemctl reset-failed {FETCH_UNIT} 2>/dev/null; true")  # the last run's failed unit
+    # no --collect: a failed unit stays loaded, with its Result and exit status, until the next run
+    ok, lines = remote.run(f"systemd-run --unit={FETCH_UNIT} --quiet --property=Type=exec "
+                           f"--description='sglang-converge model download' {argv} 2>&1")
+    if not ok:
+        raise RuntimeError(f"could not start {FETCH_UNIT}: {' '.join(lines) or 'systemd-run failed'}")
+    host.log(f"model: downloading in {FETCH_UNIT} (survives a dropped ssh session; a re-run attaches to it)",
+             logger.warning)
+    return remote.unit().get("InvocationID", "")
+
+
+def _watch(remote: _Remote, host, local_dir: str, need: int) -> dict[str, str]:
+    """Print progress until the unit is no longer running; its last properties."""
     size_cmd = f"du -sb --apparent-size {_shell_quote(local_dir)} 2>/dev/null | cut -f1"
-    _ok, out = run(size_cmd)
-    base = int(out.stdout.strip() or 0)
-    started = last = time.monotonic()
-    last_bytes = base
+
+    def size() -> int:
+        _ok, lines = remote.run(size_cmd)
+        return int(lines[0].strip()) if lines and lines[0].strip().isdigit() else 0
+
+    base = last_bytes = size()
+    last = time.monotonic()
+    misses = 0
     while True:
         time.sleep(1.0)
-        _ok, out = run(f"systemctl show {unit} --property=ActiveState,Result,ExecMainStatus")
-        props = dict(line.split("=", 1) for line in out.stdout_lines if "=" in line)
-        _ok, size_out = run(size_cmd)
-        now_bytes = int(size_out.stdout.strip() or 0)
-        now = time.monotonic()
-        if now - last >= 2.0 or props.get("ActiveState") not in ("active", "activating"):
+        props = remote.unit()
+        misses = 0 if props else misses + 1
+        if misses >= 5:
+            raise HostLost(f"systemctl show {FETCH_UNIT} failed {misses} times in a row")
+        if not props:
+            continue
+        running = props.get("ActiveState") in RUNNING
+        now_bytes, now = size(), time.monotonic()
+        if now - last >= 2.0 or not running:
             done = max(0, now_bytes - base)
             rate = (now_bytes - last_bytes) / max(now - last, 1e-6)
             percent = 100.0 * min(done, need) / need if need else 100.0
-            host.log(f"model: {percent:5.1f}% {gb(min(done, need))} of {gb(need)}, {rate / 1e6:.1f} MB/s", logger.warning)
+            host.log(f"model: {percent:5.1f}% {gb(min(done, need))} of {gb(need)}, {rate / 1e6:.1f} MB/s",
+                     logger.warning)
             last, last_bytes = now, now_bytes
-        if props.get("ActiveState") not in ("active", "activating"):
-            break
-    _ok, journal = run(f"journalctl -u {unit} -o cat --no-pager -n 20 _SYSTEMD_UNIT={unit}")
-    if token_file:
-        run(f"rm -f {token_file}")
-    status = props.get("ExecMainStatus", "")
-    if props.get("Result") == "success" and status in ("0", ""):
-        for line in journal.stdout_lines[-2:]:
+        if not running:
+            return props
+
+
+def unit_outcome(props: dict[str, str]) -> tuple[str, int | None]:
+    """How the unit ended, from systemd's properties: (words, fetch_model's exit code or None).
+
+    >>> unit_outcome({"LoadState": "loaded", "Result": "signal", "ExecMainCode": "2", "ExecMainStatus": "9"})
+    ('was killed by SIGKILL (Result=signal)', None)
+    >>> unit_outcome({"LoadState": "loaded", "Result": "exit-code", "ExecMainCode": "1", "ExecMainStatus": "7"})
+    ('exited with code 7: gave up after repeated transient Hub failures', 7)
+    """
+    result, code, status = props.get("Result", ""), props.get("ExecMainCode", ""), props.get("ExecMainStatus", "")
+    if props.get("LoadState") == "not-found":
+        return "ended and systemd kept no result (it unloads a unit that exited 0; a reboot forgets it)", None
+    if code in ("2", "3") or result in ("signal", "core-dump"):
+        try:
+            name = signal.Signals(int(status)).name
+        except ValueError:
+            name = f"signal {status}"
+        return f"was killed by {name}{' (core dumped)' if code == '3' else ''} (Result={result})", None
+    if status.isdigit() and int(status) != 0:
+        number = int(status)
+        return f"exited with code {number}: {EXIT_MEANINGS.get(number, 'not a code fetch_model.py uses')}", number
+    if result == "success":
+        return "exited 0", 0
+    return f"ended with Result={result or '?'}", None
+
+
+def missing_summary(on_disk: ModelDir, expected: dict[str, int], repo: str, revision: str) -> str:
+    """What the host lacks of the revision, in one line."""
+    marker = on_disk.marker
+    if not marker:
+        what = f"no marker ({MODEL_MARKER})"
+    elif (marker.get("repo"), marker.get("revision")) != (repo, revision):
+        what = f"the marker is for {marker.get('repo')}@{str(marker.get('revision'))[:12]}"
+    else:
+        what = "the marker's files are not all on disk at their size"
+    left = {name: size for name, size in expected.items() if on_disk.files.get(name) != size}
+    partial = f"; {gb(on_disk.partial_bytes)} in partial files" if on_disk.partial_bytes else ""
+    return (f"{what} for {repo}@{revision[:12]}; {len(left)} of {len(expected)} files "
+            f"({gb(sum(left.values()))} of {gb(sum(expected.values()))}) still to fetch{partial}")
+
+
+def _converged(host, journal: list[str], download: Download, started: float) -> bool:
+    for line in journal:
+        if line.startswith(REPORTED):
             host.log(f"model: {line}", logger.warning)
-        host.log(f"model: done in {time.monotonic() - started:.1f} s", logger.warning)
-        return True
-    for line in journal.stdout_lines:
+    host.log(f"model: done in {time.monotonic() - started:.1f} s: the host holds {download.repo}@"
+             f"{download.revision[:12]}, every file at its size ({MODEL_MARKER} checked)", logger.warning)
+    return True
+
+
+def _failed(state, host, outcome: str, journal: list[str], summary: str) -> bool:
+    for line in journal[-20:]:
         host.log_styled(f"model: {line}", fg="red", log_func=logger.error)
-    record_failure(state, host, "model: " + (explaining_line(journal.stdout_lines) or f"{unit} failed"),
-                   journal.stdout_lines)
+    because = [line for line in journal if line.startswith(CAUSES)]
+    because += [line for line in journal if "Main process exited" in line or "Failed with result" in line]
+    cause = f"model: {FETCH_UNIT} {outcome}" + (f": {because[0]}" if because else "") + f"; on the host: {summary}"
+    host.log_styled(cause, fg="red", log_func=logger.error)
+    record_failure(state, host, cause, journal)
     return False
+
+
+def _fetch(state, host, download: Download) -> bool:
+    """Run the download unit to its end; succeed only on the host's verified marker for the revision."""
+    remote = _Remote(host)
+    started = time.monotonic()
+    try:
+        return _until_converged(state, host, remote, download, started)
+    except HostLost as err:
+        cause = (f"model: lost the host while {FETCH_UNIT} ran ({err}): if the host is up the download goes on "
+                 f"and a re-run attaches to it; after a reboot a re-run fetches only what is missing")
+    except RuntimeError as err:
+        cause = f"model: {err}"
+    finally:
+        if download.token_file:
+            try:
+                remote.run(f"rm -f {_shell_quote(download.token_file)}")
+            except HostLost:
+                pass
+    host.log_styled(cause, fg="red", log_func=logger.error)
+    record_failure(state, host, cause)
+    return False
+
+
+def _until_converged(state, host, remote: _Remote, download: Download, started: float) -> bool:
+    invocation = _start(remote, host, download.argv)
+    props = _watch(remote, host, download.local_dir, download.need)
+    journal = remote.journal(invocation)
+    on_disk = remote.model_dir(download.local_dir)  # the postcondition, read on the host after the unit ended
+    if model_complete(on_disk, download.repo, download.revision):
+        return _converged(host, journal, download, started)
+    outcome, _code = unit_outcome(props)
+    return _failed(state, host, outcome, journal,
+                   missing_summary(on_disk, download.expected, download.repo, download.revision))
 
 
 @operation()
@@ -95,10 +262,12 @@ def model_downloaded(
     """
     Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified.
 
-    Refuses before downloading anything when the bytes still needed do not
-    fit in the free space minus ``margin_bytes``; downloads in a transient
-    systemd unit that survives a dropped ssh session; verifies and writes a
-    marker, so the next run is a no-op.
+    Refuses before any change when the Hub does not have the revision (or the
+    repo, or refuses the token), or when the bytes still needed do not fit in
+    the free space minus ``margin_bytes``; downloads in a transient systemd
+    unit that survives a dropped ssh session; succeeds only when the host
+    then holds the marker of this revision with every file at its size, so
+    the next run is a no-op.
 
     .. code:: python
 
@@ -106,7 +275,12 @@ def model_downloaded(
                          local_dir="/srv/models/kimi-k2.6", python="/opt/sglang/venv/bin/python",
                          margin_bytes=50 * 10**9)
     """
-    need = disk_need(repo, revision, local_dir, margin_bytes, endpoint, token)
+    try:
+        need = disk_need(repo, revision, local_dir, margin_bytes, endpoint, token)
+    except HubError as err:
+        plan(f"model: {err}")
+        yield fail_command(f"model: {err}")
+        return
     if need is None:
         host.noop(f"{repo}@{revision[:12]} is in {local_dir}, verified")
         return
@@ -132,8 +306,10 @@ def model_downloaded(
         argv += ["--endpoint", endpoint]
     if token_file:
         argv += ["--token-file", token_file]
-    fetch_argv = " ".join(_shell_quote(arg) for arg in argv)
-    yield FunctionCommand(_fetch, (fetch_argv, local_dir, need.need, token_file), {})
+    download = Download(repo=repo, revision=revision, local_dir=local_dir,
+                        argv=" ".join(_shell_quote(arg) for arg in argv), need=need.need, expected=need.expected,
+                        token_file=token_file)
+    yield FunctionCommand(_fetch, (download,), {})
 
 
 @deploy("Model")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tasks import membership, model, multinode, preflight, python_env, quant_deps, readiness, router, service
-from tasks import stale_gpu
+from tasks import gpu_balance, stale_gpu
 from tasks.spec import RouterSpec, Spec
 
 Step = Callable[..., Any]
@@ -28,6 +28,7 @@ SERVER_PIPELINE: tuple[Step, ...] = (
     membership.drain,  # out of its router (router_url) before a restart
     service.service,  # unit, env and options files; restart only on change
     readiness.readiness,  # /health 200 and the model listed, or the journal line why not
+    gpu_balance.gpu_balance,  # its GPUs hold its memory, balanced, and nothing else's (NVML)
     membership.register,  # back in its router once ready
     readiness.time_to_ready,  # for the rollout's summary
 )

@@ -1,12 +1,30 @@
-"""Quantization deps: the venv's compressed-tensors must know the model's format.
+"""Quantization deps: the venv's compressed-tensors must suit the software that
+loads the model (SGLang) and the model's own format.
 
-Reads the model's config.json quantization_config. When quant_method is
-compressed-tensors and a format it names (top level or any config group) is
-not a CompressionFormat member of the venv's compressed-tensors, upgrade it to
-a release that has it, holding torch / sglang / flashinfer at their installed
-versions with a constraints file; then compare `pip check` before and after:
-a conflict the upgrade introduced fails the step naming the package and its
-pin, unless the settings allow that package to conflict (then a warning).
+A compressed-tensors model goes through SGLang's compressed_tensors layer,
+whose code touches CompressionFormat members whatever the model's format
+(sglang 0.5.23's utils.is_activation_quantization_format lists
+nvfp4_pack_quantized among others: an INT4 pack-quantized model dies with
+`AttributeError: nvfp4_pack_quantized` under compressed-tensors < 0.10). So
+three demands are read on the host and the highest wins:
+
+- what the installed SGLang declares (its metadata's Requires-Dist, e.g.
+  sglang 0.5.23: compressed-tensors==0.18.0; an exact pin is the target);
+- the CompressionFormat members SGLang's code references (its source files,
+  read without importing it), each needing the first release that has it;
+- the formats the model's config.json names (quantization_config).
+
+When one is not met, compressed-tensors is installed at the target, holding
+torch / sglang / flashinfer at their installed versions with a constraints
+file; another package's pin the target breaks fails the step naming both,
+unless the settings allow that package to conflict (then a warning). After
+the install the step re-reads the venv: the version must satisfy the target
+and SGLang's requirement and every needed member must exist, else it fails
+naming the member.
+
+Before python_env has installed SGLang (a new or adopted venv without it, in
+the plan), only the model's formats can be read: the step says so, and
+decides again when it runs, after python_env.
 """
 
 from __future__ import annotations
@@ -14,23 +32,33 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormats
+from facts.compressed_tensors import (
+    CompressedTensors,
+    CompressedTensorsRequirers,
+    CompressionFormatReferences,
+    CompressionFormats,
+    FormatReferences,
+    Requirer,
+)
 from facts.model_dir import ModelConfig
 from facts.venv import ExactPins, VenvPackages, venv_python
-from core.ops import explaining_line, fail_command, plan, record_failure
+from core.ops import explaining_line, fail_command, plan, record_failure, report
 from core.paths import CACHE_DIR
 from tasks.spec import COMPRESSED_TENSORS_FORMATS, Spec
+
 PACKAGE = "compressed-tensors"
+LOADER = "sglang"  # the package whose code loads the model (and references CompressionFormat members)
+_FLOOR = Version("0.4.0")  # the first release in the table: every release has its members
 
 
 def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -51,9 +79,8 @@ def hold_constraints(held: dict[str, str], pins: dict[str, list[str]], explicit:
     sources = [("settings", text) for text in explicit]
     sources += [(owner, text) for owner in sorted(pins) for text in pins[owner]]
     for _owner, text in sources:
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
+        requirement = _requirement(text)
+        if requirement is None:
             continue
         name = canonicalize_name(requirement.name)
         if name not in pinned:
@@ -84,59 +111,201 @@ def needed_formats(config: dict) -> list[str]:
     return sorted(value.replace("-", "_") for value in formats if value)
 
 
-def first_release_with(members: list[str]) -> Version:
-    """The first compressed-tensors release that has every member (FACTS table)."""
-    by_member = {value.replace("-", "_"): Version(release) for value, release in COMPRESSED_TENSORS_FORMATS.items()}
-    return max((by_member.get(member, Version("0.4.0")) for member in members), default=Version("0.4.0"))
+_FIRST_RELEASE = {value.replace("-", "_"): Version(release) for value, release in COMPRESSED_TENSORS_FORMATS.items()}
+
+
+def first_release(member: str) -> Version | None:
+    """The first compressed-tensors release with this CompressionFormat member (FACTS table), None if unknown.
+
+    >>> first_release("nvfp4_pack_quantized"), first_release("pack_quantized"), first_release("int8_future")
+    (<Version('0.10.0')>, <Version('0.4.0')>, None)
+    """
+    return _FIRST_RELEASE.get(member)
+
+
+def first_release_with(members: list[str] | set[str]) -> Version:
+    """The first compressed-tensors release that has every (known) member."""
+    return max((first_release(member) or _FLOOR for member in members), default=_FLOOR)
+
+
+def _requirement(text: str) -> Requirement | None:
+    try:
+        return Requirement(text)
+    except InvalidRequirement:
+        return None
+
+
+def _contains(specifier: SpecifierSet, version: str | Version) -> bool:
+    try:
+        return specifier.contains(str(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _member(name: str) -> str:
+    release = first_release(name)
+    return f"CompressionFormat.{name} ({PACKAGE} >= {release})" if release else (
+        f"CompressionFormat.{name} (not in the table of first releases)")
+
+
+@dataclass(frozen=True)
+class Need:
+    """What compressed-tensors must be for this venv and model, and who demands it."""
+
+    reasons: list[str]  # the demands the installed one does not meet, each naming who (plan / report lines)
+    minimum: Version  # the first release with every member needed
+    members: dict[str, str]  # every member needed -> who needs it, e.g. "sglang 0.5.23 references"
+    loader: str | None  # e.g. "sglang 0.5.23"; None: SGLang is not installed in the venv
+    loader_requires: list[str] = field(default_factory=list)  # its Requires-Dist on compressed-tensors
+
+
+def _loader(requirers: dict[str, Requirer]) -> tuple[str, Requirer] | None:
+    for name, requirer in requirers.items():
+        if canonicalize_name(name) == LOADER:
+            return name, requirer
+    return None
+
+
+def assess(model_members: list[str], installed: CompressedTensors, refs: FormatReferences,
+           requirers: dict[str, Requirer]) -> Need:
+    """The demands on compressed-tensors: SGLang's declared requirement, the
+    members SGLang's code references and the model's formats; which of them
+    the installed release does not meet.
+
+    >>> ct = CompressedTensors("0.8.1", ["dense", "pack_quantized"])
+    >>> refs = FormatReferences("sglang", "0.5.23", 1, {"nvfp4_pack_quantized": ["sglang/x.py"]})
+    >>> assess(["pack_quantized"], ct, refs, {"sglang": Requirer("0.5.23", ["compressed-tensors==0.18.0"])}).reasons
+    ['sglang 0.5.23 requires compressed-tensors==0.18.0; installed 0.8.1', \
+'sglang 0.5.23 references CompressionFormat.nvfp4_pack_quantized (compressed-tensors >= 0.10.0); \
+installed 0.8.1 lacks it (sglang/x.py)']
+    """
+    found = _loader(requirers)
+    loader = f"{LOADER} {refs.version}" if refs.version else (f"{found[0]} {found[1].version}" if found else None)
+    loader_requires = list(found[1].requires) if found else []
+    have = installed.version
+    reasons = []
+    for text in loader_requires:
+        requirement = _requirement(text)
+        if have is None or (requirement is not None and not _contains(requirement.specifier, have)):
+            reasons.append(f"{loader} requires {text}; installed {have or 'none'}")
+    members = {name: f"{loader} references" for name in sorted(refs.members)}
+    for name in model_members:  # a member SGLang touches anyway is its demand first
+        members.setdefault(name, "the model's config.json names")
+    if have is None:
+        reasons.append(f"the model uses {', '.join(model_members)} and no {PACKAGE} is installed")
+    else:
+        newest_first = sorted(sorted(refs.members), key=lambda m: first_release(m) or _FLOOR, reverse=True)
+        lacking = [name for name in newest_first if name not in installed.members]
+        reasons += [f"{loader} references {_member(name)}; installed {have} lacks it ({refs.members[name][0]})"
+                    for name in lacking]
+        reasons += [f"the model's config.json names {_member(name)}; installed {have} lacks it"
+                    for name in model_members if name not in installed.members]
+    return Need(reasons, first_release_with(set(members)), members, loader, loader_requires)
 
 
 @dataclass(frozen=True)
 class UpgradePlan:
-    requirement: str | None  # what pip installs, e.g. "compressed-tensors==0.18.0"
-    blockers: list[str]  # pins that exclude every release with the format (not allowed to conflict)
-    tolerated: list[str]  # pins that will conflict, allowed by the settings
+    requirement: str | None  # what pip installs, e.g. "compressed-tensors==0.18.0"; None: blocked
+    because: str  # who demands that target, e.g. "sglang 0.5.23 requires compressed-tensors==0.18.0"
+    blockers: list[str]  # pins the target breaks, of packages not allowed to conflict
+    tolerated: list[str]  # pins the target breaks, allowed by the settings
 
 
-def upgrade_plan(minimum: Version, requirers: dict[str, list[str]], allow: list[str]) -> UpgradePlan:
-    """Which compressed-tensors to install: at least ``minimum``, inside every pin
-    of a package not allowed to conflict; an exact pin that already has the
-    format is taken as is (e.g. sglang 0.5.23's ==0.18.0).
+def _excludes(pins: SpecifierSet, target: str | None, minimum: Version) -> bool:
+    """Whether ``pins`` leave out the exact target, or (no target) every release >= minimum we can name."""
+    if target is not None:
+        return not _contains(pins, target)
+    candidates = {minimum, Version(f"{minimum.major}.{minimum.minor}.{minimum.micro + 1}")}
+    for spec in pins:
+        try:
+            candidates.add(Version(spec.version.rstrip(".*")))
+        except InvalidVersion:
+            continue
+    return not any(_contains(pins, version) for version in candidates if version >= minimum)
 
-    >>> upgrade_plan(Version("0.10.0"), {"vllm": ["compressed-tensors==0.8.1"]}, ["vllm"]).requirement
-    'compressed-tensors>=0.10.0'
-    >>> upgrade_plan(Version("0.10.0"), {"sglang": ["compressed-tensors==0.18.0"]}, []).requirement
-    'compressed-tensors==0.18.0'
+
+def upgrade_plan(need: Need, requirers: dict[str, Requirer], allow: list[str]) -> UpgradePlan:
+    """Which compressed-tensors to install: SGLang's exact pin when it declares
+    one (a pin below what the members need blocks), else at least
+    ``need.minimum`` inside every pin of a package not allowed to conflict.
+
+    >>> need = Need([], Version("0.10.0"), {}, "sglang 0.5.23", ["compressed-tensors==0.18.0"])
+    >>> plan_ = upgrade_plan(need, {"vllm": Requirer("0.6.5", ["compressed-tensors==0.8.1"])}, ["vllm"])
+    >>> plan_.requirement, plan_.because, plan_.tolerated
+    ('compressed-tensors==0.18.0', 'sglang 0.5.23 requires compressed-tensors==0.18.0', \
+['vllm 0.6.5 requires compressed-tensors==0.8.1'])
     """
-    allowed = {canonicalize_name(name) for name in allow}
-    specifier = SpecifierSet(f">={minimum}")
-    blockers, tolerated = [], []
-    for name, requirements in sorted(requirers.items()):
-        for text in requirements:
-            try:
-                requirement = Requirement(text)
-            except InvalidRequirement:
+    allowed = {canonicalize_name(name) for name in allow} - {LOADER}
+    specifier = SpecifierSet(f">={need.minimum}")
+    newest = [name for name in need.members if (first_release(name) or _FLOOR) == need.minimum]
+    because = f"{need.members[newest[0]]} {_member(newest[0])}" if newest else f"{PACKAGE} >= {need.minimum}"
+    blockers: list[str] = []
+    loader_pins = [req for req in map(_requirement, need.loader_requires) if req is not None]
+    exact = [spec.version for req in loader_pins for spec in req.specifier if spec.operator in ("==", "===")]
+    target = exact[0] if exact and "*" not in exact[0] else None
+    if target is not None:
+        because = f"{need.loader} requires {PACKAGE}=={target}"
+        if Version(target) < need.minimum:
+            blockers.append(f"{PACKAGE} >= {need.minimum} is needed for " +
+                            ", ".join(m for m in need.members if (first_release(m) or _FLOOR) > Version(target)))
+    else:
+        for req in loader_pins:
+            specifier &= req.specifier
+        if loader_pins:
+            because = f"{need.loader} requires {', '.join(str(req) for req in loader_pins)}"
+    tolerated = []
+    for name, requirer in sorted(requirers.items()):
+        if canonicalize_name(name) == LOADER:
+            continue
+        for text in requirer.requires:
+            requirement = _requirement(text)
+            if requirement is None:
                 continue
-            pins = requirement.specifier
-            exact = [spec.version for spec in pins if spec.operator in ("==", "===")]
-            excludes = bool(exact) and all(Version(v.rstrip(".*")) < minimum for v in exact)
+            pins, who = requirement.specifier, f"{name} {requirer.version} requires {text}"
+            breaks = _excludes(pins, target, need.minimum)
             if canonicalize_name(name) in allowed:
-                if excludes or not pins.contains(str(minimum)):
-                    tolerated.append(f"{name} requires {text}")
-                continue
-            if excludes:
-                blockers.append(f"{name} requires {text}")
+                if breaks or (target is None and not _contains(pins, need.minimum)):
+                    tolerated.append(who)
+            elif breaks:
+                blockers.append(who)
             else:
                 specifier &= pins
     if blockers:
-        return UpgradePlan(None, blockers, tolerated)
-    return UpgradePlan(f"{PACKAGE}{_simplest(specifier, minimum)}", blockers, tolerated)
+        return UpgradePlan(None, because, blockers, tolerated)
+    return UpgradePlan(f"{PACKAGE}=={target}" if target else f"{PACKAGE}{_simplest(specifier)}", because,
+                       blockers, tolerated)
 
 
-def _simplest(specifier: SpecifierSet, minimum: Version) -> str:
+def _simplest(specifier: SpecifierSet) -> str:
     exact = [spec for spec in specifier if spec.operator == "=="]
     if exact:
         return f"=={exact[0].version}"
     return str(specifier)
+
+
+def postcondition(installed: CompressedTensors, requirement: str, need: Need) -> list[str]:
+    """What is still wrong after the install (empty: the postcondition holds).
+
+    >>> need = Need([], Version("0.10.0"), {"nvfp4_pack_quantized": "sglang 0.5.23 references"},
+    ...             "sglang 0.5.23", ["compressed-tensors==0.18.0"])
+    >>> postcondition(CompressedTensors("0.18.0", ["nvfp4_pack_quantized"]), "compressed-tensors==0.18.0", need)
+    []
+    >>> postcondition(CompressedTensors("0.9.0", ["pack_quantized"]), "compressed-tensors>=0.9", need)
+    ['compressed-tensors 0.9.0 does not satisfy compressed-tensors==0.18.0 (sglang 0.5.23 requires it)', \
+'compressed-tensors 0.9.0 lacks CompressionFormat.nvfp4_pack_quantized (sglang 0.5.23 references it)']
+    """
+    if installed.version is None:
+        return [f"{PACKAGE} is not installed after pip install {requirement}"]
+    problems = []
+    wanted = [(requirement, "the install's target")] + [(text, f"{need.loader} requires it")
+                                                         for text in need.loader_requires]
+    for text, who in wanted:
+        parsed = _requirement(text)
+        if parsed is not None and not _contains(parsed.specifier, installed.version):
+            problems.append(f"{PACKAGE} {installed.version} does not satisfy {text} ({who})")
+    problems += [f"{PACKAGE} {installed.version} lacks CompressionFormat.{name} ({who} it)"
+                 for name, who in need.members.items() if name not in installed.members]
+    return problems
 
 
 _PIP_CHECK_RE = re.compile(r"^(?P<pkg>\S+) (?P<ver>\S+) (?:has requirement|requires) (?P<req>.+?)(?:,|\.$| which)")
@@ -146,24 +315,15 @@ def _run(host, command: str):
     return host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
 
 
-def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[str], allow: list[str],
-             need: str) -> bool:
-    python = shlex.quote(venv_python(venv))
-    pip = f"{python} -m pip --disable-pip-version-check"
-    constraints = f"{CACHE_DIR}/hold-constraints.txt"
-    _ok, before = _run(host, f"{pip} check 2>&1")
-    text = shlex.quote("".join(line + "\n" for line in constraints_lines))
-    ok, out = _run(host, f"install -d -m 755 {CACHE_DIR} && printf %s {text} > {constraints}")
-    held = ", ".join(constraints_lines) or "nothing"
-    host.log(f"quant deps: pip install {requirement} (constraints: {held})", logger.warning)
-    ok, out = _run(host, f"{pip} install --upgrade -c {constraints} {shlex.quote(requirement)} 2>&1")
-    if not ok:
-        tail = [line for line in out.stdout_lines if line.strip()][-6:]
-        for line in tail:
-            host.log_styled(f"quant deps: {line}", fg="red", log_func=logger.error)
-        record_failure(state, host, f"quant deps: pip install {requirement} failed: {explaining_line(tail)}", tail)
-        return False
-    _ok, after = _run(host, f"{pip} check 2>&1")
+def _fatal(state, host, message: str, lines: list[str]) -> bool:
+    for line in lines or [message]:
+        host.log_styled(f"quant deps: {line}" if lines else line, fg="red", log_func=logger.error)
+    record_failure(state, host, message, lines)
+    return False
+
+
+def _new_conflicts(host, before, after, allow: list[str], because: str) -> list[str]:
+    """`pip check` lines the install introduced, warning about the allowed ones; the others are returned."""
     old = {line.strip() for line in before.stdout_lines if line.strip()}
     new = [line.strip() for line in after.stdout_lines
            if line.strip() and line.strip() not in old and "No broken requirements" not in line]
@@ -171,33 +331,71 @@ def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[s
     fatal = []
     for line in new:
         match = _PIP_CHECK_RE.match(line)
-        package = canonicalize_name(match.group("pkg")) if match else ""
-        if match and package in allowed:
+        if match and canonicalize_name(match.group("pkg")) in allowed:
             host.log(f"quant deps: WARNING: {line} (allowed: compressed_tensors_allow_conflicts "
-                     f"includes {match.group('pkg')}; the model needs {need})", logger.warning)
+                     f"includes {match.group('pkg')}; {because})", logger.warning)
         else:
             fatal.append(line)
     previous = [line for line in old if "No broken requirements" not in line]
     if previous:
         host.log(f"quant deps: {len(previous)} pip check problem(s) were there before the upgrade "
                  f"(not caused by it), e.g.: {sorted(previous)[0]}", logger.warning)
-    _ok, version = _run(host, f"{python} -c 'import importlib.metadata as m; print(m.version(\"{PACKAGE}\"))'")
+    return fatal
+
+
+def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[str], allow: list[str],
+             need: Need, because: str) -> bool:
+    python = shlex.quote(venv_python(venv))
+    pip = f"{python} -m pip --disable-pip-version-check"
+    constraints = f"{CACHE_DIR}/hold-constraints.txt"
+    _ok, before = _run(host, f"{pip} check 2>&1")
+    text = shlex.quote("".join(line + "\n" for line in constraints_lines))
+    _run(host, f"install -d -m 755 {CACHE_DIR} && printf %s {text} > {constraints}")
+    held = ", ".join(constraints_lines) or "nothing"
+    host.log(f"quant deps: pip install {requirement} because {because} (constraints: {held})", logger.warning)
+    ok, out = _run(host, f"{pip} install --upgrade -c {constraints} {shlex.quote(requirement)} 2>&1")
+    if not ok:
+        tail = [line for line in out.stdout_lines if line.strip()][-6:]
+        return _fatal(state, host, f"quant deps: pip install {requirement} failed: {explaining_line(tail)}", tail)
+    _ok, after = _run(host, f"{pip} check 2>&1")
+    fatal = _new_conflicts(host, before, after, allow, because)
     if fatal:
-        for line in fatal:
-            host.log_styled(f"quant deps: the upgrade broke a pin: {line}; the model needs {need}. "
-                            f"Allow it with compressed_tensors_allow_conflicts, or remove that package.",
-                            fg="red", log_func=logger.error)
-        record_failure(state, host, f"quant deps: the upgrade broke a pin: {fatal[0]}; the model needs {need}", fatal)
-        return False
-    host.log(f"quant deps: {PACKAGE} is now {version.stdout.strip()}", logger.warning)
+        lines = [f"the upgrade broke a pin: {line}; {because}. Allow it with "
+                 f"compressed_tensors_allow_conflicts, or remove that package." for line in fatal]
+        return _fatal(state, host, f"quant deps: the upgrade broke a pin: {fatal[0]}; {because}", lines)
+    installed = host.get_fact(CompressionFormats, path=venv)  # read again: the postcondition on the host
+    problems = postcondition(installed, requirement, need)
+    if problems:
+        return _fatal(state, host, f"quant deps: after pip install {requirement}: {problems[0]}",
+                      [f"after pip install {requirement}: {problem}" for problem in problems])
+    host.log(f"quant deps: {PACKAGE} is now {installed.version}: it satisfies {requirement} and has the "
+             f"{len(need.members)} CompressionFormat member(s) {need.loader or 'the model'} needs", logger.warning)
     return True
+
+
+def _not_yet_installed(spec: Spec) -> str:
+    """The plan's note when SGLang is not in the venv yet."""
+    wanted = [text for text in (*spec.packages, *spec.packages_no_deps)
+              if (req := _requirement(text)) is not None and canonicalize_name(req.name) == LOADER]
+    by = f"python_env installs {wanted[0]}" if wanted else f"the settings do not install {LOADER}"
+    return (f"quant deps: {LOADER} is not installed in {spec.venv_path} yet ({by}): what it requires of "
+            f"{PACKAGE} and the CompressionFormat members its code references are read when this step runs")
+
+
+def _hold_lines(spec: Spec) -> tuple[dict[str, str], list[str]]:
+    packages = host.get_fact(VenvPackages, path=spec.venv_path)
+    hold = {name: packages[canonicalize_name(name)] for name in spec.compressed_tensors_hold
+            if canonicalize_name(name) in packages}
+    lines = hold_constraints(hold, host.get_fact(ExactPins, path=spec.venv_path, packages=sorted(hold)),
+                             list(spec.packages) + list(spec.packages_no_deps))
+    return hold, lines
 
 
 @operation()
 def compression_format_supported(spec: Spec):
     """
-    Make the venv's compressed-tensors know every format the model's
-    config.json uses; no change when it already does.
+    Make the venv's compressed-tensors what the installed SGLang requires and
+    references and what the model's config.json names; no change when it is.
 
     .. code:: python
 
@@ -207,53 +405,46 @@ def compression_format_supported(spec: Spec):
     if config is None:
         token = spec.hf_token.get_secret_value() if spec.hf_token else None
         config = hub_config(spec.profile.repo, spec.profile.revision, spec.hf_endpoint, token)
-    needed = needed_formats(config)
-    if not needed:
+    model_members = needed_formats(config)
+    if not model_members:
         host.noop("the model does not use compressed-tensors")
         return
     installed = host.get_fact(CompressionFormats, path=spec.venv_path)
-    missing = [member for member in needed if member not in installed.members]
-    if installed.version and not missing:
-        host.noop(f"{PACKAGE} {installed.version} has {', '.join(needed)}")
-        return
-    minimum = first_release_with(needed)
-    need = f"{', '.join(needed)} ({PACKAGE} >= {minimum})"
+    refs = host.get_fact(CompressionFormatReferences, path=spec.venv_path, package=LOADER)
     requirers = host.get_fact(CompressedTensorsRequirers, path=spec.venv_path)
-    upgrade = upgrade_plan(minimum, requirers, list(spec.compressed_tensors_allow_conflicts))
-    have = f"{PACKAGE} {installed.version}" if installed.version else f"no {PACKAGE}"
+    need = assess(model_members, installed, refs, requirers)
+    if need.loader is None:
+        plan(_not_yet_installed(spec))
+    if not need.reasons:
+        by = f"{need.loader}'s requirement and the {len(need.members)} member(s) it and the model use" \
+            if need.loader else f"the model's {', '.join(model_members)}"
+        host.noop(f"{PACKAGE} {installed.version} meets {by}")
+        return
+    for reason in need.reasons:
+        plan(f"quant deps: {reason}")
+        report(f"quant deps: {reason}")
+    upgrade = upgrade_plan(need, requirers, list(spec.compressed_tensors_allow_conflicts))
     if upgrade.requirement is None:
-        message = (
-            f"quant deps: the model needs {need} but {'; '.join(upgrade.blockers)}: "
-            f"allow the conflict with compressed_tensors_allow_conflicts = "
-            f"{[b.split()[0] for b in upgrade.blockers]} or remove the package"
-        )
+        names = [blocker.split()[0] for blocker in upgrade.blockers if not blocker.startswith(PACKAGE)]
+        fix = (f": allow the conflict with compressed_tensors_allow_conflicts = {names} or remove the package"
+               if names else "")
+        message = f"quant deps: {upgrade.because} but {'; '.join(upgrade.blockers)}{fix}"
         plan(message)
         yield fail_command(message)
         return
-    packages = host.get_fact(VenvPackages, path=spec.venv_path)
-    hold = {
-        name: packages[canonicalize_name(name)]
-        for name in spec.compressed_tensors_hold
-        if canonicalize_name(name) in packages
-    }
-    constraints_lines = hold_constraints(
-        hold,
-        host.get_fact(ExactPins, path=spec.venv_path, packages=sorted(hold)),
-        list(spec.packages) + list(spec.packages_no_deps),
-    )
+    hold, constraints_lines = _hold_lines(spec)
     tolerated = f"; will conflict, allowed: {'; '.join(upgrade.tolerated)}" if upgrade.tolerated else ""
-    plan(f"{have} lacks {', '.join(missing) or 'everything'}: install {upgrade.requirement}, "
-         f"holding {', '.join(f'{k} {v}' for k, v in sorted(hold.items())) or 'nothing'}"
-         f" and their exact pins{tolerated}")
+    plan(f"install {upgrade.requirement} ({upgrade.because}), holding "
+         f"{', '.join(f'{k} {v}' for k, v in sorted(hold.items())) or 'nothing'} and their exact pins{tolerated}")
     yield FunctionCommand(
         _upgrade,
         (spec.venv_path, upgrade.requirement, constraints_lines, list(spec.compressed_tensors_allow_conflicts),
-         need),
+         need, upgrade.because),
         {},
     )
 
 
 @deploy("Quantization deps")
 def quant_deps(spec: Spec) -> None:
-    """compressed-tensors new enough for the model's quantization format."""
-    compression_format_supported(spec=spec, name=f"{PACKAGE} supports the model's format")
+    """compressed-tensors as the installed SGLang and the model's quantization format need it."""
+    compression_format_supported(spec=spec, name=f"{PACKAGE} suits SGLang and the model's format")

@@ -14,7 +14,7 @@ from core.ops import plan, record_failure, report
 from core.render import Rendered, render
 from core.server import mark_restarted, server_args_accepted, server_files
 from core.stamps import restart_reasons, stamp_path, stamp_written, wanted_stamp
-from facts.systemd import SystemdUnitState
+from facts.systemd import SystemdUnitState, UnitState
 from tasks.spec import Spec
 
 
@@ -30,6 +30,16 @@ def _restart(state, host, unit: str) -> bool:
     return ok
 
 
+def crash_reasons(unit_name: str, unit: UnitState) -> list[str]:
+    """A server that crashed and waits out RestartSec= before systemd starts it again
+    (ActiveState activating, SubState auto-restart) counts as running for the stamps,
+    but readiness would judge a dead process: start it now instead."""
+    if unit.active_state == "activating" and unit.sub_state == "auto-restart":
+        return [f"{unit_name} crashed (exited on its own) and waits for systemd's automatic restart "
+                f"(restarts so far: {unit.restarts})"]
+    return []
+
+
 @operation()
 def server_restarted(spec: Spec, rendered: Rendered):
     """
@@ -41,11 +51,16 @@ def server_restarted(spec: Spec, rendered: Rendered):
 
         server_restarted(spec=spec, rendered=render(spec))
     """
-    reasons = restart_reasons(spec, rendered)
+    unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
+    reasons = crash_reasons(spec.unit_name, unit) + restart_reasons(spec, rendered, unit)
     if not reasons:
+        if unit.restarts:  # NRestarts: automatic restarts since the unit was last started by hand
+            crashed = (f"service: {spec.unit_name} exited on its own {unit.restarts} time(s) since it was last "
+                       "started; systemd restarted it and it runs as wanted: no restart")
+            plan(crashed)
+            report(crashed)
         host.noop(f"{spec.unit_name} runs as wanted: no restart")
         return
-    unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
     verb = "restart" if unit.running else "start"
     plan(f"{verb} {spec.unit_name}: " + "; ".join(reasons))
     report(f"service: {verb} {spec.unit_name}: " + "; ".join(reasons))

@@ -1,9 +1,11 @@
 """Stale GPU processes: compute processes on our GPUs that are not our server.
 
-Fact: ``GpuComputeProcesses`` (facts/gpu.py) - every compute process on every
-GPU with the systemd unit that owns it (from /proc/PID/cgroup), because a
-process of another unit must be stopped through systemd: a plain kill is
-undone by ``Restart=always``.
+Fact: ``NvmlGpuUsage`` (facts/nvml.py) - every compute process on every GPU
+(pid, bytes, GPU index and UUID) through NVML with the venv's pynvml
+(nvidia-smi where the venv or pynvml is not there yet, said in the plan), with
+the systemd unit that owns it (from /proc/PID/cgroup), because a process of
+another unit must be stopped through systemd: a plain kill is undone by
+``Restart=always``.
 """
 
 from __future__ import annotations
@@ -14,31 +16,26 @@ import time
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from facts.gpu import GpuComputeProcesses, GpuProcess, NvidiaGpus
+from facts.nvml import GpuApp, NvmlGpuUsage
 from core.ops import fail_command, plan, record_failure
 from tasks.spec import Spec
 
 MIB = 1024 * 1024
 
 
-def gpu_gb(mib: int) -> str:
-    return f"{mib} MiB"
+def gpu_mib(used_bytes: int | None) -> str:
+    return "[N/A] MiB" if used_bytes is None else f"{used_bytes // MIB} MiB"
 
 
-def stale_processes(processes: list[GpuProcess], uuid_to_index: dict[str, int], gpu_ids, own_unit: str):
+def stale_processes(processes: list[GpuApp], gpu_ids, own_unit: str) -> list[tuple[GpuApp, int]]:
     """(process, gpu index) for every compute process on our GPUs outside our unit."""
-    return [
-        (process, uuid_to_index[process.gpu_uuid])
-        for process in processes
-        if process.gpu_uuid in uuid_to_index
-        and uuid_to_index[process.gpu_uuid] in gpu_ids
-        and process.unit != own_unit
-    ]
+    return [(process, process.gpu_index) for process in processes
+            if process.gpu_index in gpu_ids and process.unit != own_unit]
 
 
-def describe(process: GpuProcess, gpu: int) -> str:
+def describe(process: GpuApp, gpu: int) -> str:
     owner = f" of {process.unit}" if process.unit else ""
-    return f"pid {process.pid} ({os.path.basename(process.process_name)}{owner}) holds {gpu_gb(process.used_mib)} on GPU {gpu}"
+    return f"pid {process.pid} ({os.path.basename(process.name)}{owner}) holds {gpu_mib(process.used_bytes)} on GPU {gpu}"
 
 
 def _stop(state, host, units: list[str], pids: list[int], grace_s: float, wait_s: float, names: dict) -> bool:
@@ -93,6 +90,7 @@ def _stop(state, host, units: list[str], pids: list[int], grace_s: float, wait_s
 def stale_gpu_processes_stopped(
     gpu_ids: list[int],
     own_unit: str,
+    python: str,
     policy: str = "stop",
     grace_s: float = 30,
     protect_units: list[str] | None = None,
@@ -105,19 +103,22 @@ def stale_gpu_processes_stopped(
     ``grace_s``; then wait until nvidia-smi shows their memory freed.
     Protected units and process names are never touched: they fail the step.
 
+    + python: the server venv's python, whose pynvml reads NVML (nvidia-smi when it cannot)
     + policy: "stop", "fail" (refuse to continue) or "ignore"
 
     .. code:: python
 
-        stale_gpu_processes_stopped(gpu_ids=[0, 1], own_unit="sglang.service",
+        stale_gpu_processes_stopped(gpu_ids=[0, 1], own_unit="sglang.service", python="/opt/sglang/venv/bin/python",
                                     protect_units=["nvidia-persistenced.service"])
     """
-    gpus = host.get_fact(NvidiaGpus)
-    uuid_to_index = {gpu.uuid: gpu.index for gpu in gpus}
-    stale = stale_processes(host.get_fact(GpuComputeProcesses), uuid_to_index, gpu_ids, own_unit)
+    usage = host.get_fact(NvmlGpuUsage, python=python)
+    stale = stale_processes(usage.processes, gpu_ids, own_unit)
+    via = "" if usage.source == "nvml" else f" (read with {usage.via})"
     if not stale:
-        host.noop(f"no other compute process on GPUs {gpu_ids}")
+        host.noop(f"no other compute process on GPUs {gpu_ids}{via}")
         return
+    if via:
+        plan(f"stale GPU processes{via}")
     lines = [describe(process, gpu) for process, gpu in stale]
     if policy == "ignore":
         plan("stale GPU processes ignored (stale_policy = 'ignore'): " + "; ".join(lines))
@@ -128,7 +129,7 @@ def stale_gpu_processes_stopped(
     protected = [
         describe(process, gpu)
         for process, gpu in stale
-        if process.unit in units_protected or os.path.basename(process.process_name) in names_protected
+        if process.unit in units_protected or os.path.basename(process.name) in names_protected
     ]
     if protected or policy == "fail":
         why = "protected (protect_units / protect_process_names)" if protected else "stale_policy = 'fail'"
@@ -153,6 +154,7 @@ def stale_gpu(spec: Spec) -> None:
     stale_gpu_processes_stopped(
         gpu_ids=list(spec.gpu_ids),
         own_unit=spec.unit_name,
+        python=spec.python_bin,
         policy=spec.stale_policy,
         grace_s=spec.stale_grace_s,
         protect_units=list(spec.protect_units),

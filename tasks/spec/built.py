@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import SecretStr, StrictBool, StrictStr, model_validator
 
-from core.paths import CONFIG_DIR, GB, MODELS_ROOT, SYSTEMD_DIR
+from core.paths import CONFIG_DIR, GB, MODELS_ROOT, REMOTE_DIR, SYSTEMD_DIR
 from tasks.spec.errors import SpecError, spec_lines
 from tasks.spec.fields import PositiveInt, abs_path
 from tasks.spec.profile import ModelProfile
@@ -28,6 +28,8 @@ from tasks.spec.tables import (
 )
 
 _COMPUTE_CAP = re.compile(r"^(\d+)\.(\d+)$")
+# Runs the server module in-process with the API key redacted from its logs (remote/server_launch.py).
+SERVER_LAUNCHER = f"{REMOTE_DIR}/server_launch.py"
 
 
 def local_http_url(listen_host: str, port: int) -> str:
@@ -273,10 +275,12 @@ class Spec(_UnitFiles, HostSettings):
     @property
     def server_argv(self) -> list[str]:
         """The server's command line. No secret: the API key is in the
-        options file (--config), which SGLang merges in-process."""
+        options file (--config), which SGLang merges in-process. The venv's
+        python runs SERVER_LAUNCHER with the server module as its first
+        argument (the server's own arguments follow, from argv[3] on)."""
         argv = [
             self.python_bin,
-            "-m", self.server_module,
+            SERVER_LAUNCHER, self.server_module,
             "--model-path", self.model_dir,
             "--served-model-name", self.served_model_name,
             "--tp-size", str(self.tp_size),
@@ -313,12 +317,11 @@ class Spec(_UnitFiles, HostSettings):
         }
         if not self.is_multinode:
             env["NCCL_IB_DISABLE"] = "1"
+        # P2P from the host's P2P fact only: known broken -> off; OK or unknown -> NCCL chooses
+        # (NCCL_P2P_LEVEL unset: NCCL picks the level itself; nothing is assumed when unknown)
         explicit_p2p = any(k.startswith("NCCL_P2P_") for k in self.extra_env)
-        if self.p2p_ok is not None and len(self.gpu_ids) > 1 and not explicit_p2p:
-            if self.p2p_ok:
-                env["NCCL_P2P_LEVEL"] = "SYS"
-            else:
-                env["NCCL_P2P_DISABLE"] = "1"
+        if self.p2p_ok is False and len(self.gpu_ids) > 1 and not explicit_p2p:
+            env["NCCL_P2P_DISABLE"] = "1"
         if self.compute_cap is not None and parse_cc(self.compute_cap)[0] == 12:
             env["SGLANG_ENABLE_JIT_DEEPGEMM"] = "0"  # DeepGEMM does not support SM120
         env.update(self.extra_env)
@@ -326,11 +329,11 @@ class Spec(_UnitFiles, HostSettings):
 
     # -- host-dependent resolution
 
-    def resolve(self, compute_cap: str, p2p_ok: bool) -> Spec:
+    def resolve(self, compute_cap: str, p2p_ok: bool | None) -> Spec:
         """A copy with the host-dependent values filled in from preflight's
         facts: compute_cap as nvidia-smi prints it ('12.0'), p2p_ok whether
-        P2P works between the GPUs used. Raises SpecError for a backend known
-        to fail on this compute capability."""
+        P2P works between the GPUs used (None: unknown). Raises SpecError for
+        a backend known to fail on this compute capability."""
         cc = parse_cc(compute_cap, self.host_name)
         attention = self.profile.attention
         requested = self.attention_backend_requested or self.attention_backend
@@ -350,7 +353,7 @@ class Spec(_UnitFiles, HostSettings):
                 "attention_backend": backend,
                 "attention_backend_requested": requested,
                 "compute_cap": compute_cap,
-                "p2p_ok": bool(p2p_ok),
+                "p2p_ok": None if p2p_ok is None else bool(p2p_ok),
             }
         )
 

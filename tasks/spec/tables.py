@@ -152,3 +152,29 @@ ROUTER_MANAGED_FLAGS: dict[str, str] = {
     "--worker-urls": "the servers' router_url/worker_url (they register through the router's /workers API)",
 }
 ROUTER_SECRET_FLAGS = frozenset({"--api-key"})
+
+# ---------------------------------------------------------------- what the pinned stack needs of the host
+
+# Requires-Python and the CUDA-relevant requirements of known pinned releases,
+# as each release's metadata states them (PyPI: https://pypi.org/pypi/NAME/VERSION/json,
+# info.requires_python and info.requires_dist; the same lines as the wheel's
+# *.dist-info/METADATA, which is where these were read). A pin not listed here
+# is not checked (the preflight says so) rather than guessed.
+#   sglang 0.5.23 METADATA: Requires-Python: >=3.11; Requires-Dist: torch==2.14.1, nvidia-ml-py
+#   torch 2.14.1 (manylinux_2_28_x86_64 wheel) METADATA: Requires-Python: >=3.10;
+#     Requires-Dist: cuda-toolkit[...]==13.0.3, nvidia-nccl-cu13==2.30.7, nvidia-cudnn-cu13==9.24.0.43
+#   torch 2.13.0+cpu (download.pytorch.org/whl/cpu): Requires-Python: >=3.10, no CUDA requirement
+#   nvidia-ml-py 13.615.71: Requires-Python: none (pure Python)
+PINNED_METADATA: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    ("sglang", "0.5.23"): (">=3.11", ("torch==2.14.1", "nvidia-ml-py")),
+    ("torch", "2.14.1"): (">=3.10", ("cuda-toolkit==13.0.3", "nvidia-nccl-cu13==2.30.7", "nvidia-cudnn-cu13==9.24.0.43")),
+    ("torch", "2.13.0+cpu"): (">=3.10", ()),
+    ("nvidia-ml-py", "13.615.71"): ("", ()),
+}
+
+# CUDA major version -> the oldest NVIDIA driver (Linux) that runs it, with
+# minor version compatibility: NVIDIA, "CUDA Compatibility", Table 1 "CUDA
+# Toolkit 11.x, 12.x, and 13.x Minimum and Maximum Required Driver Versions"
+# (https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html):
+# CUDA 13.x >= 580, CUDA 12.x >= 525, CUDA 11.x >= 450.
+CUDA_MIN_DRIVER: dict[int, str] = {13: "580", 12: "525", 11: "450"}

@@ -3,8 +3,11 @@ prepared by `python -m sandbox up --scenario ct200-incident`:
 
 run 1 stops at the disk check before touching anything; after the disk is
 grown, run 2 converges (pip bootstrapped offline, model downloaded and
-verified, compressed-tensors upgraded past the allowed vllm-like pin, the other
-service stopped, server ready); run 3 changes nothing and restarts nothing; a
+verified, compressed-tensors upgraded to what the installed SGLang requires -
+the model is Kimi K2.6's INT4 pack-quantized, a format 0.8.1 has, but SGLang
+0.5.23 pins 0.18.0 and references nvfp4_pack_quantized - past the allowed
+vllm-like pin, the other service stopped, server ready); run 3 changes nothing
+and restarts nothing; a
 typo in an extra server arg stops at SGLang's parser with the server still up;
 an API key reaches the server only through the root-only options file.
 """
@@ -35,6 +38,11 @@ def incident():
         print("\nacceptance story timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
 
 
+def installed(host, *packages: str) -> list[str]:
+    code = "import importlib.metadata as m, sys; print(*(m.version(p) for p in sys.argv[1:]))"
+    return host.run(f"/opt/sglang/venv/bin/python -c '{code}' {' '.join(packages)}").stdout.split()
+
+
 def timed(name, *args, **kwargs):
     started = time.monotonic()
     proc = pyinfra(*args, **kwargs)
@@ -45,7 +53,7 @@ def timed(name, *args, **kwargs):
 def test_run1_stops_at_the_disk_check_before_touching_anything(incident):
     proc = timed("run 1", "deploy.py", limit=incident.name)
     assert proc.returncode != 0, proc.out
-    assert "preflight: not enough disk for sandbox/tiny-nvfp4@0123456789ab: need 0.039 GB" in proc.out, proc.out
+    assert "preflight: not enough disk for sandbox/tiny-kimi-int4@0123456789ab: need 0.040 GB" in proc.out, proc.out
     assert "/srv/models has 0.021 GB (21.0 MB) free and 0.005 GB (5.0 MB) must stay free" in proc.out
     assert "Starting operation: Python environment" not in proc.out  # stopped before any change
     # the host is exactly as the scenario left it
@@ -53,6 +61,7 @@ def test_run1_stops_at_the_disk_check_before_touching_anything(incident):
     assert incident.run("ls -A /srv/models").stdout.strip() == ""
     assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "active"
     assert incident.run("test -e /etc/systemd/system/sglang.service", check=False).returncode != 0
+    assert installed(incident, "compressed-tensors", "sglang") == ["0.8.1", "0.5.23"]
 
 
 def test_dry_run_plans_the_whole_fix_and_changes_nothing(incident):
@@ -60,9 +69,14 @@ def test_dry_run_plans_the_whole_fix_and_changes_nothing(incident):
     proc = pyinfra("deploy.py", "--dry", "--diff", limit=incident.name)
     out = proc.out
     assert "plan: bootstrap pip in /opt/sglang/venv from the uploaded pip-" in out, out
-    assert "plan: download sandbox/tiny-nvfp4@0123456789ab into /srv/models/tiny: 0.039 GB" in out
-    assert "plan: compressed-tensors 0.8.1 lacks nvfp4_pack_quantized" in out
-    assert "will conflict, allowed: vllm-stub requires compressed-tensors==0.8.1" in out
+    assert "plan: download sandbox/tiny-kimi-int4@0123456789ab into /srv/models/tiny: 0.040 GB" in out
+    # the model's own format (pack-quantized) is in 0.8.1: the upgrade is SGLang's demand, and the plan says so
+    assert "plan: quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0; installed 0.8.1" in out
+    assert ("plan: quant deps: sglang 0.5.23 references CompressionFormat.nvfp4_pack_quantized (compressed-tensors"
+            " >= 0.10.0); installed 0.8.1 lacks it (sglang/srt/layers/quantization/compressed_tensors/utils.py)") in out
+    assert "plan: install compressed-tensors==0.18.0 (sglang 0.5.23 requires compressed-tensors==0.18.0)" in out
+    assert "will conflict, allowed: vllm-stub 0.6.5 requires compressed-tensors==0.8.1" in out
+    assert "the model's config.json names" not in out
     assert "(python3 of embedder.service) holds 56320 MiB on GPU 0 -> systemctl stop embedder.service" in out
     assert "+ExecStart=/opt/sglang/venv/bin/python -m sglang_standin --model-path /srv/models/tiny" in out
     assert "plan: start sglang.service" in out
@@ -75,7 +89,10 @@ def test_run2_converges_the_incident_host(incident):
     out = proc.out
     assert proc.returncode == 0, out
     assert "model: verified 10 files" in out
+    assert "quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0; installed 0.8.1" in out
+    assert "quant deps: pip install compressed-tensors==0.18.0 because sglang 0.5.23 requires" in out
     assert "quant deps: WARNING: vllm-stub 0.6.5 has requirement compressed-tensors==0.8.1" in out
+    assert "quant deps: compressed-tensors is now 0.18.0: it satisfies compressed-tensors==0.18.0" in out
     assert "stale GPU processes: systemctl stop embedder.service" in out
     assert "ready: sglang.service serves tiny at http://127.0.0.1:30000" in out
     # pip bootstrapped the offline way, in the uv-made venv
@@ -86,6 +103,9 @@ def test_run2_converges_the_incident_host(incident):
         " print(F.nvfp4_pack_quantized.value)'"
     ).stdout
     assert members.strip() == "nvfp4-pack-quantized"
+    assert installed(incident, "compressed-tensors", "sglang") == ["0.18.0", "0.5.23"]
+    config = json.loads(incident.run("cat /srv/models/tiny/config.json").stdout)["quantization_config"]
+    assert (config["format"], config["config_groups"]["group_0"]["weights"]["group_size"]) == ("pack-quantized", 32)
     assert incident.run("/opt/sglang/venv/bin/python -c 'import torch; print(torch.__version__)'").stdout.strip() == "2.13.0+cpu"
     marker = json.loads(incident.run("cat /srv/models/tiny/.sglang-converge.json").stdout)
     assert marker["revision"] == "0123456789abcdef0123456789abcdef01234567"
@@ -132,11 +152,14 @@ def test_api_key_only_in_the_root_only_options_file(incident):
     assert incident.run("stat -c '%a %U' /etc/sglang/sglang.yaml").stdout.strip() == "600 root"
     assert incident.run("stat -c '%a %U' /etc/sglang/sglang.env").stdout.strip() == "600 root"
     pattern = f"'{API_KEY[:-1]}[{API_KEY[-1]}]'"  # a regex that does not contain the key itself
-    leaks = incident.run(
-        f"grep -l {pattern} /proc/[0-9]*/cmdline /etc/systemd/system/sglang.service /etc/sglang/sglang.env"
-        f" 2>/dev/null; journalctl --no-pager | grep -c {pattern}; true"
+    found = incident.run(
+        f"grep -l {pattern} /etc/sglang/sglang.yaml /proc/[0-9]*/cmdline /etc/systemd/system/sglang.service"
+        f" /etc/sglang/sglang.env 2>/dev/null; journalctl --no-pager | grep -c {pattern};"
+        " journalctl --no-pager -u sglang.service | grep -c sglang.service; true"
     ).stdout.split()
-    assert leaks == ["0"], leaks
+    # the grep finds the key in the options file, where it belongs (positive control), and nowhere else;
+    # the journal holds sglang.service's lines (so there was something to search) and no key
+    assert found[:-1] == ["/etc/sglang/sglang.yaml", "0"] and int(found[-1]) > 0, found
     url = "http://127.0.0.1:30000/v1/models"
     assert incident.run(f"curl -s -o /dev/null -w '%{{http_code}}' {url}").stdout == "401"
     authorized = incident.run(f"curl -s -H @- {url}", input=f"Authorization: Bearer {API_KEY}\n").stdout

@@ -17,7 +17,7 @@ from sandbox.tinymodel import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "remote" / "fetch_model.py"
-REPO = "sandbox/tiny-nvfp4"
+REPO = "sandbox/tiny-kimi-int4"
 TOKEN = "hf_test_token_abc123"
 
 

@@ -83,6 +83,66 @@ def test_malformed_faults_are_refused_and_change_nothing(model):
         assert hub.faults()["rules"][0]["path"] == "x"
 
 
+def test_rules_and_the_token_can_be_scoped_to_client_addresses(model):
+    """A test faults its own host only: `clients` on a rule, `token_clients` for the token; every other
+    client of the shared hub is answered as if there were no faults (positive control: the listed one is)."""
+    shard = model.shard_names[0]
+    me, other = "127.0.0.2", "127.0.0.1"
+    faults = {"token": "hf_scoped_secret", "token_clients": [me],
+              "rules": [{"path": shard, "status": 500, "methods": ["GET"], "clients": [me]},
+                        {"path": "config.json", "stall": 1.0, "clients": ["127.0.0.0/31"]},  # .0 and .1 only
+                        {"path": "*", "kinds": ["api"], "status": 429, "retry_after": 2, "times": 1,
+                         "clients": ["127.0.0.3"]}]}
+    auth = {"Authorization": "Bearer hf_scoped_secret"}
+    with HubServer({REPO: model}, ["127.0.0.1"], faults=faults) as hub:
+        base = f"{hub.url()}/{REPO}/resolve/{model.commit}"
+        st, _, body = _get(f"{base}/{shard}", source=other)
+        assert st == 200 and body == (model.root / shard).read_bytes()  # not for the others...
+        assert _get(f"{base}/{shard}", headers=auth, source=me)[0] == 500  # ...for the listed client
+        assert _get(f"{base}/{shard}", "HEAD", headers=auth, source=me)[0] == 200  # its methods only
+
+        # the token: required from the listed client only, the others keep the start token (none)
+        api = f"{hub.url()}/api/models/{REPO}/revision/{model.commit}"
+        st, h, _ = _get(api, source=me)
+        assert st == 401 and h["X-Error-Code"] == "RepoNotFound"
+        st, h, _ = _get(api, headers={"Authorization": "Bearer hf_wrong"}, source=me)
+        assert st == 401 and h["X-Error-Message"] == "Invalid credentials in Authorization header"
+        st, _, body = _get(api, headers=auth, source=me)
+        assert st == 200 and json.loads(body)["private"] is True
+        st, _, body = _get(api, source=other)
+        assert st == 200 and json.loads(body)["private"] is False
+
+        # a network: the stall holds 127.0.0.1's body, not 127.0.0.2's
+        t0 = time.monotonic()
+        assert _get(f"{base}/config.json", headers=auth, source=me)[0] == 200
+        quick = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert _get(f"{base}/config.json", source=other)[0] == 200
+        held = time.monotonic() - t0
+        assert quick < 0.8 <= 1.0 <= held, (quick, held)
+
+        # a rule for a client that sends nothing is never used up by the others
+        assert _get(api, source=other)[0] == 200
+        st, h, _ = _get(api, source="127.0.0.3")
+        assert st == 429 and h["Retry-After"] == "2"
+        assert [r["hits"] for r in hub.faults()["rules"]] == [1, 1, 1]
+        assert [(r.client, r.fault) for r in hub.requests if r.fault] == [
+            (me, "500"), (other, "stall"), ("127.0.0.3", "429")]
+        described = hub.faults()
+        assert described["token_required"] is True and described["token_clients"] == ["127.0.0.2/32"]
+        assert "hf_scoped_secret" not in json.dumps(described)
+
+        for bad in ({"rules": [{"path": "x", "status": 500, "clients": "127.0.0.2"}]},  # a list, not a string
+                    {"rules": [{"path": "x", "status": 500, "clients": []}]},  # empty: would match nobody
+                    {"rules": [{"path": "x", "status": 500, "clients": ["sgc5"]}]},  # addresses, not names
+                    {"token": "t", "token_clients": ["10.77.999.2"]}):
+            with pytest.raises(ValueError):
+                hub.set_faults(bad)
+        assert hub.faults()["token_clients"] == ["127.0.0.2/32"]  # a refused spec changed nothing
+        hub.clear_faults()
+        assert _get(api, source=me)[0] == 200 and hub.faults()["token_clients"] is None
+
+
 def test_429_carries_retry_after_and_huggingface_hub_waits_for_it(hub, model, tmp_path):
     hub.set_faults({"rules": [{"path": "config.json", "status": 429, "retry_after": 1, "times": 3}]})
     st, h, _ = _get(f"{hub.url()}/{REPO}/resolve/{model.commit}/config.json", "HEAD")

@@ -105,6 +105,7 @@ def test_compute_apps_none(gpu_env):
     assert out.returncode == 0
     assert out.stdout == "pid, used_gpu_memory [MiB]\n"
     out = smi(gpu_env, "--query-compute-apps=pid,used_memory", "--format=csv,noheader")
+    assert out.returncode == 0, out.stderr
     assert out.stdout == ""
 
 
@@ -208,4 +209,24 @@ def test_hold_registers_and_exits_on_sigterm(gpu_env):
             proc.wait()
     assert not reg.exists()
     out = smi(gpu_env, "--query-compute-apps=pid", "--format=csv,noheader")
-    assert out.stdout == ""
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ""  # the same query listed the holder while it ran
+
+
+def test_unified_memory_gpu_prints_na_and_the_deploys_fact_parses_it(gpu_env):
+    """A GB10-class GPU (unified memory): the real tool prints [N/A] for memory, also with
+    nounits; the deploy's NvidiaGpus fact (the same query) reads them as unknown (None)."""
+    from facts.gpu import NvidiaGpus
+
+    layout = gpusim.make_layout(count=1, name="NVIDIA GB10", compute_cap="12.1", host_tag="0001")
+    gpusim.mark_unavailable(layout, gpusim.UNIFIED_MEMORY_FIELDS)
+    gpu_env["layout"].write_text(json.dumps(layout))
+    fact = NvidiaGpus()
+    out = smi(gpu_env, *fact.command().split()[1:])
+    assert out.returncode == 0, out.stdout
+    assert out.stdout.splitlines() == [
+        "0, GPU-5a1d0001-0000-4000-8000-000000000000, NVIDIA GB10, [N/A], [N/A], 12.1, 580.95.05, 00000000:18:00.0"
+    ]
+    (gpu,) = fact.process(out.stdout.splitlines())
+    assert (gpu.memory_total_mib, gpu.memory_used_mib, gpu.memory_free_mib) == (None, None, None)
+    assert (gpu.name, gpu.compute_cap, gpu.driver_version) == ("NVIDIA GB10", "12.1", "580.95.05")

@@ -2,8 +2,10 @@
 
 Every test uses its own simulated GPU state (SANDBOX_GPU_LAYOUT /
 SANDBOX_GPU_REGISTRY in a tmp dir), a tiny model dir and free loopback ports.
-The real-parser test needs a venv with sglang 0.5.23 at
-.sandbox/sglang-venv (see sandbox/sglang_standin.py); it is skipped otherwise.
+Tests that run the stand-in under another python need the venvs that
+`make test-venvs` builds (.sandbox/sglang-venv: sglang 0.5.23 --no-deps beside
+CPU torch, compressed-tensors 0.18.0 and safetensors; .sandbox/ct-venv:
+compressed-tensors 0.8.1): they fail, never skip, without them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -32,12 +35,43 @@ sys.path.insert(0, str(SANDBOX_DIR))
 import gpusim  # noqa: E402
 
 READY = "The server is fired up and ready to roll!"
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 BANNER = "SIMULATED SGLang server (sandbox stand-in): no GPU, no real model weights"
 
 
 # --------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------
+
+
+def venv_python(path: Path) -> str:
+    """A test venv's python, or a failure that says how to make it (no skip in CI)."""
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `make test-venvs` (it builds .sandbox/*-venv)")
+    return str(path)
+
+
+def safetensors_bytes(tensors: dict[str, int]) -> bytes:
+    """A valid safetensors file: BF16 tensors of the given element counts."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for name, count in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": [count], "data_offsets": [off, off + 2 * count]}
+        off += 2 * count
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"\x01" * off
+
+
+def write_weights(model: Path) -> None:
+    """Two shards and the model.safetensors.index.json that names them."""
+    weight_map = {}
+    for i, shard in enumerate(SHARDS):
+        names = {f"model.layers.{i}.mlp.weight": 32, f"model.layers.{i}.attn.weight": 16}
+        (model / shard).write_bytes(safetensors_bytes(names))
+        weight_map.update(dict.fromkeys(names, shard))
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 192}, "weight_map": weight_map}))
 
 
 def free_port() -> int:
@@ -74,6 +108,10 @@ class Proc:
         return self.p.pid
 
     def out(self) -> str:
+        """Everything it wrote, stdout then stderr (SGLang logs on stderr; the journal takes both)."""
+        return self.out_path.read_text() + self.err_path.read_text()
+
+    def stdout(self) -> str:
         return self.out_path.read_text()
 
     def err(self) -> str:
@@ -107,6 +145,7 @@ class Bed:
         self.model = tmp / "model"
         self.model.mkdir()
         self.write_model({})
+        write_weights(self.model)
         self.procs: list[subprocess.Popen] = []
         self.n = 0
 
@@ -139,13 +178,16 @@ class Bed:
                 env[k] = str(v)
         return env
 
-    def start(self, args: list[str], python: str = sys.executable, **env) -> Proc:
+    def start(self, args: list[str], python: str = sys.executable, launcher: bool = False, **env) -> Proc:
+        """The stand-in, or with launcher=True what the unit runs: the launcher, the
+        server module as its first argument (args must then start with it)."""
         self.n += 1
         out = self.tmp / f"p{self.n}.out"
         err = self.tmp / f"p{self.n}.err"
+        start = [str(ROOT / "remote" / "server_launch.py")] if launcher else ["-m", "sglang_standin"]
         with open(out, "wb") as fo, open(err, "wb") as fe:
             popen = subprocess.Popen(
-                [python, "-m", "sglang_standin", *args],
+                [python, *start, *args],
                 stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=self.env(**env), cwd=self.tmp,
             )
         self.procs.append(popen)
@@ -220,6 +262,33 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def error_lines(text: str, prefix: str) -> list[str]:
+    """The lines that start with ``prefix`` (a traceback's last line, e.g. 'RuntimeError: ')."""
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def holders(bed: Bed) -> dict[int, dict]:
+    """pid -> registration, of the live processes holding simulated GPU memory."""
+    out = {}
+    for path in bed.registry.glob("*.json"):
+        reg = json.loads(path.read_text())
+        if Path(f"/proc/{reg['pid']}").exists():
+            out[reg["pid"]] = reg
+    return out
+
+
+def assert_failed_like_sglang(proc: Proc, error: str) -> None:
+    """A rank failed during the start: it logged the traceback, the main process got
+    SIGQUIT and killed the tree and itself (SIGKILL), as SGLang 0.5.23 does."""
+    assert proc.p.returncode == -signal.SIGKILL, proc.out()
+    out = proc.out()
+    assert "Scheduler hit an exception: Traceback (most recent call last)" in out, out
+    assert error_lines(out, error), out
+    assert "Received sigquit from a child process. It usually means the child failed." in out
+    assert "kill_process_tree called: parent_pid=" in out
+    assert READY not in out
+
+
 # --------------------------------------------------------------------------
 # the ready flow
 # --------------------------------------------------------------------------
@@ -239,19 +308,25 @@ def test_ready_flow_endpoints_api_key_and_graceful_sigterm(bed):
     assert 503 in seen, seen  # loading first
     proc.wait_for(READY)
     out = proc.out()
-    assert out.splitlines()[0].endswith(BANNER)
+    assert proc.err().splitlines()[0].endswith(BANNER)
     assert "real parser was not available" in out
-    assert "server_args=ServerArgs(" in out and "tp_size=2" in out
-    for marker in ("Load weight begin", "Load weight end", "Capture cuda graph end"):
-        assert marker in out
-    assert key not in out + proc.err()  # the key is masked in the logs
+    # like SGLang 0.5.23 (engine.py): the arguments as a dict, the API key in clear (the
+    # launcher, remote/server_launch.py, keeps it out of the journal on a host)
+    assert "server_args={'model_path': " in out and "'tp_size': 2" in out
+    assert f"'api_key': '{key}'" in out
+    for tp in (0, 1):
+        for marker in ("Load weight begin", "Load weight end", "Capture cuda graph end"):
+            assert f" TP{tp}] {marker}" in out
     assert out.index("Load weight end") < out.index(READY)
 
-    # memory held on both GPUs by the server's PID
+    # one process per TP rank, each holding memory on its own GPU; the main process holds none
     used = bed.used()
     expect = int(0.85 * gpusim.CT200_GPU_MIB)
     assert used == {0: expect, 1: expect}
-    assert (bed.registry / f"{proc.pid}.json").exists()
+    held = holders(bed)
+    assert sorted(tuple(reg["gpus"]) for reg in held.values()) == [("0",), ("1",)], held
+    assert proc.pid not in held
+    assert all(Path(f"/proc/{pid}/status").read_text().count(f"PPid:\t{proc.pid}\n") for pid in held)
 
     # API key: everything but /health* and /metrics needs it
     assert http("GET", base + "/health")[0] == 200
@@ -269,7 +344,7 @@ def test_ready_flow_endpoints_api_key_and_graceful_sigterm(bed):
         status, body = http("GET", base + path, key=key)
         assert status == 200, path
     status, info = http("GET", base + "/server_info", key=key)
-    assert info["tp_size"] == 2 and info["api_key"] == "***"
+    assert info["tp_size"] == 2 and info["api_key"] == key  # SGLang serves it too (behind the key)
     assert http("GET", base + "/model_info", key=key)[1]["model_path"] == str(bed.model)
 
     # chat completion, plain
@@ -320,9 +395,30 @@ def test_ready_flow_endpoints_api_key_and_graceful_sigterm(bed):
     os.kill(proc.pid, signal.SIGTERM)
     t.join(10)
     assert results and results[0][0] == 200  # the in-flight request completed
-    assert proc.wait(10) == 0
-    assert bed.used() == {0: 0, 1: 0}  # memory freed with the process
+    assert proc.wait(15) == 0
+    assert bed.used() == {0: 0, 1: 0}  # memory freed with the processes
+    assert not holders(bed)
     assert "Graceful shutdown complete" in proc.out()
+
+
+def test_a_killed_rank_fails_the_server(bed):
+    """SGLang's SubprocessWatchdog: a scheduler that dies is noticed within about a
+    second; SIGQUIT, the tree is killed, the main process too (SIGKILL)."""
+    port = free_port()
+    proc = bed.start(["--model-path", str(bed.model), "--tp-size", "2", "--port", str(port)])
+    proc.wait_for(READY)
+    held = holders(bed)
+    assert len(held) == 2
+    victim = min(held)
+    os.kill(victim, signal.SIGKILL)  # one rank's process, by the PID it registered
+    assert proc.wait(10) == -signal.SIGKILL
+    out = proc.out()
+    assert "crashed with exit code -9. Triggering SIGQUIT for cleanup..." in out
+    assert "SIGQUIT received. signum=3" in out and "It usually means one child failed." in out
+    deadline = time.time() + 5
+    while holders(bed) and time.time() < deadline:  # the other rank goes with it
+        time.sleep(0.1)
+    assert not holders(bed) and bed.used() == {0: 0, 1: 0}
 
 
 # --------------------------------------------------------------------------
@@ -334,13 +430,9 @@ def test_memory_imbalance_from_a_stale_holder(bed):
     bed.holder({1: 40000})
     args = ["--model-path", str(bed.model), "--tp-size", "2", "--port", str(free_port())]
     proc = bed.run(args)
-    assert proc.p.returncode == 1
-    err = proc.err()
-    assert "Traceback (most recent call last)" in err
-    line = last_line(err)
-    assert line.startswith(
-        "RuntimeError: The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
-    ), err
+    assert_failed_like_sglang(proc, "RuntimeError: The memory capacity is unbalanced. Some GPUs may be "
+                                    "occupied by other processes. ")
+    line = error_lines(proc.out(), "RuntimeError: The memory capacity is unbalanced")[0]
     # GB values, SGLang's f-string style
     assert f"pre_model_load_memory={(gpusim.CT200_GPU_MIB - 40000) / 1024}" in line
     assert f"local_gpu_memory={gpusim.CT200_GPU_MIB / 1024}" in line
@@ -349,10 +441,9 @@ def test_memory_imbalance_from_a_stale_holder(bed):
 
     # the switch turns the check off; then the memory itself is short
     proc = bed.run(args, SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK="0")
-    assert proc.p.returncode == 1
-    assert "The memory capacity is unbalanced" in proc.err()  # logged as a warning
-    assert last_line(proc.err()).startswith("RuntimeError: Not enough memory. Please try to increase "
-                                            "--mem-fraction-static."), proc.err()
+    assert "The memory capacity is unbalanced" in proc.out()  # logged as a warning
+    assert_failed_like_sglang(proc, "RuntimeError: Not enough memory. Please try to increase "
+                                    "--mem-fraction-static. Current value: mem_fraction_static=0.85")
 
     # GPUs outside the server's CUDA_VISIBLE_DEVICES do not count
     port = free_port()
@@ -372,92 +463,6 @@ def test_port_in_use(bed):
     assert "Port is already in use" in last_line(proc.err())
 
 
-FAKE_CT = """
-from enum import Enum
-
-class CompressionFormat(Enum):
-    dense = "dense"
-    sparse_bitmask = "sparse-bitmask"
-    int_quantized = "int-quantized"
-    float_quantized = "float-quantized"
-    naive_quantized = "naive-quantized"
-    pack_quantized = "pack-quantized"
-    marlin_24 = "marlin-24"
-{extra}
-"""
-
-
-def _fake_compressed_tensors(root: Path, with_nvfp4: bool) -> Path:
-    pkg = root / "compressed_tensors"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from compressed_tensors.config import CompressionFormat\n")
-    extra = '    nvfp4_pack_quantized = "nvfp4-pack-quantized"\n' if with_nvfp4 else ""
-    (pkg / "config.py").write_text(FAKE_CT.format(extra=extra))
-    return root
-
-
-def _ct_model(fmt: str) -> dict:
-    return {
-        "quantization_config": {
-            "quant_method": "compressed-tensors",
-            "format": fmt,
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {"num_bits": 4, "type": "int", "symmetric": True,
-                                "strategy": "group", "group_size": 32},
-                }
-            },
-            "ignore": ["lm_head"],
-            "quantization_status": "compressed",
-        }
-    }
-
-
-@pytest.mark.parametrize("fmt", ["pack-quantized", "nvfp4-pack-quantized"])
-def test_compressed_tensors_missing_member_raises_attribute_error(bed, fmt):
-    bed.write_model(_ct_model(fmt))
-    old = _fake_compressed_tensors(bed.tmp / "ct-old", with_nvfp4=False)
-    proc = bed.run(["--model-path", str(bed.model), "--port", str(free_port())],
-                   PYTHONPATH=f"{SANDBOX_DIR}{os.pathsep}{old}")
-    assert proc.p.returncode == 1
-    err = proc.err()
-    assert "Traceback (most recent call last)" in err
-    assert last_line(err).startswith("AttributeError") and "nvfp4_pack_quantized" in last_line(err), err
-    assert "Load weight begin" not in proc.out()
-
-
-@pytest.mark.skipif(not CT081_VENV_PY.exists(), reason=f"no compressed-tensors 0.8.1 venv at {CT081_VENV_PY}")
-def test_real_compressed_tensors_0_8_1(bed):
-    """The real library, as on ct200: an INT4 pack-quantized model fails too,
-    because SGLang 0.5.23 touches CompressionFormat.nvfp4_pack_quantized for
-    every config group."""
-    bed.write_model(_ct_model("pack-quantized"))
-    proc = bed.run(["--model-path", str(bed.model), "--port", str(free_port())],
-                   python=str(CT081_VENV_PY), timeout=120)
-    assert proc.p.returncode == 1
-    assert last_line(proc.err()) == "AttributeError: nvfp4_pack_quantized. Did you mean: 'pack_quantized'?"
-
-
-def test_compressed_tensors_with_member_starts(bed):
-    bed.write_model(_ct_model("nvfp4-pack-quantized"))
-    new = _fake_compressed_tensors(bed.tmp / "ct-new", with_nvfp4=True)
-    port = free_port()
-    proc = bed.start(["--model-path", str(bed.model), "--port", str(port)],
-                     PYTHONPATH=f"{SANDBOX_DIR}{os.pathsep}{new}")
-    proc.wait_for(READY)
-    assert "quant=compressed-tensors" in proc.out()
-    proc.p.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0
-
-
-def test_compressed_tensors_not_installed(bed):
-    bed.write_model(_ct_model("pack-quantized"))
-    proc = bed.run(["--model-path", str(bed.model), "--port", str(free_port())])
-    assert proc.p.returncode == 1
-    assert last_line(proc.err()).startswith("ModuleNotFoundError: No module named 'compressed_tensors'")
-
-
 # --------------------------------------------------------------------------
 # the fallback parser
 # --------------------------------------------------------------------------
@@ -467,7 +472,7 @@ def test_fallback_parser_rejects_invalid_choice(bed):
     proc = bed.run(["--model-path", str(bed.model), "--attention-backend", "tritonn"])
     assert proc.p.returncode == 2
     err = proc.err()
-    assert err.startswith("usage: sglang serve")
+    assert err.splitlines()[1].startswith("usage: sglang serve")  # after the banner
     assert ("sglang serve: error: argument --attention-backend: invalid choice: 'tritonn' "
             "(choose from 'triton', 'torch_native'") in err
 
@@ -486,8 +491,8 @@ def test_fallback_parser_config_yaml(bed):
     proc = bed.start(["--model-path", str(bed.model), "--config", str(good), "--port", str(port)])
     proc.wait_for(READY)
     out = proc.out()
-    assert "tp_size=2" in out and "attention_backend='triton'" in out and "api_key='***'" in out
-    assert "from-the-file" not in out + proc.err()
+    assert "'tp_size': 2" in out and "'attention_backend': 'triton'" in out
+    assert "'api_key': 'from-the-file'" in out  # in clear, as SGLang logs it
     assert http("GET", f"http://127.0.0.1:{port}/v1/models")[0] == 401
     status, body = http("GET", f"http://127.0.0.1:{port}/v1/models", key="from-the-file")
     assert status == 200 and body["data"][0]["id"] == "yaml-model"

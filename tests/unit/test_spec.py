@@ -143,8 +143,8 @@ def test_ct200_unit_env(ct200_data):
 def test_sandbox_builds(sandbox_data):
     assert sandbox_data["ssh_port"] == 22  # pyinfra's keys pass through untouched
     spec = S.build_spec("sb1", sandbox_data, environ={})
-    assert spec.profile.quantization.format == "nvfp4-pack-quantized"
-    assert spec.profile.quantization.compressed_tensors_min_version == "0.10.0"
+    assert spec.profile.quantization.format == "pack-quantized"  # Kimi K2.6's INT4
+    assert spec.profile.quantization.compressed_tensors_min_version == "0.4.0"
     assert spec.model_dir == "/srv/models/tiny"
     assert spec.server_module == "sglang_standin"
     assert spec.attention_backend == "auto"
@@ -285,7 +285,7 @@ def test_resolve_nccl_env(ct200_data):
     data = dict(ct200_data, extra_env={})
     spec = S.build_spec("ct200", data, environ=ENV)
     p2p = spec.resolve("12.0", True).unit_env
-    assert p2p["NCCL_P2P_LEVEL"] == "SYS" and "NCCL_P2P_DISABLE" not in p2p
+    assert "NCCL_P2P_LEVEL" not in p2p and "NCCL_P2P_DISABLE" not in p2p  # P2P OK: NCCL picks the level
     assert p2p["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
     no_p2p = spec.resolve("12.0", False).unit_env
     assert no_p2p["NCCL_P2P_DISABLE"] == "1" and "NCCL_P2P_LEVEL" not in no_p2p

@@ -7,21 +7,25 @@ from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from facts.gpu import Gpu, GpuProcess
+from facts.nvml import GpuApp, GpuMemory, GpuUsage
 from tasks.stale_gpu import stale_gpu_processes_stopped
 
-GPUS = [Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000", 97887, 0, "12.0", "580.95.05", f"0:{i}") for i in range(4)]
-EMBEDDER = GpuProcess(4242, "/usr/bin/python3", 56320, "GPU-0", "embedder.service")
-OURS = GpuProcess(900, "python3", 83203, "GPU-1", "sglang.service")
-SESSION = GpuProcess(5151, "python3", 1024, "GPU-2", "session-4.scope")
-ELSEWHERE = GpuProcess(6000, "python3", 1024, "GPU-3", None)  # on a GPU we do not use
+MIB = 1024 * 1024
+PYTHON = "/opt/sglang/venv/bin/python"
+GPUS = [GpuMemory(i, f"GPU-{i}", "NVIDIA RTX PRO 6000", 97887 * MIB, 0) for i in range(4)]
+EMBEDDER = GpuApp(4242, "/usr/bin/python3", 56320 * MIB, 0, "GPU-0", "embedder.service")
+OURS = GpuApp(900, "python3", 83203 * MIB, 1, "GPU-1", "sglang.service")
+SESSION = GpuApp(5151, "python3", 1024 * MIB, 2, "GPU-2", "session-4.scope")
+ELSEWHERE = GpuApp(6000, "python3", 1024 * MIB, 3, "GPU-3", None)  # on a GPU we do not use
 
 
-def run_op(processes, **kwargs):
+def run_op(processes, source="nvml", **kwargs):
     state = FakeState()
-    host = create_host(state, facts={"gpu.NvidiaGpus": GPUS, "gpu.GpuComputeProcesses": processes})
+    usage = GpuUsage(source, "nvidia-ml-py 13.615.71, driver 580.95.05", GPUS, processes)
+    host = create_host(state, facts={"nvml.NvmlGpuUsage": {f"python={PYTHON}": usage}})
     with ctx_state.use(state), ctx_host.use(host):
-        commands = list(stale_gpu_processes_stopped._inner(gpu_ids=[0, 1, 2], own_unit="sglang.service", **kwargs))
+        commands = list(stale_gpu_processes_stopped._inner(gpu_ids=[0, 1, 2], own_unit="sglang.service",
+                                                           python=PYTHON, **kwargs))
     return host, commands
 
 
@@ -29,6 +33,12 @@ def test_only_our_own_unit_and_other_gpus_means_no_op():
     host, commands = run_op([OURS, ELSEWHERE])
     assert commands == []
     assert host.noop_description == "no other compute process on GPUs [0, 1, 2]"
+
+
+def test_read_with_nvidia_smi_when_the_venv_cannot_says_so():
+    host, _commands = run_op([OURS], source="nvidia-smi")
+    assert host.noop_description == ("no other compute process on GPUs [0, 1, 2] (read with nvidia-smi: "
+                                      "nvidia-ml-py 13.615.71, driver 580.95.05)")
 
 
 def test_a_service_is_stopped_through_systemd_and_a_session_process_by_signal():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import runpy
 from pathlib import Path
 from unittest.mock import patch
@@ -66,8 +67,16 @@ EMPTY_DIR = {"path=/srv/models/tiny": ModelDir(marker=None, files={}, partial_by
 # --- preflight ------------------------------------------------------------------
 
 def preflight_facts(gpu_list, holder=None, free=10**9):
+    from facts.interpreter import Interpreter
+    from facts.venv import Venv
+
     return {"gpu.NvidiaGpus": gpu_list, "ports.PortListener": {"port=30000": holder},
-            "gpu.SimulatedGpus": True, "model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(free)}
+            "gpu.SimulatedGpus": True, "model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(free),
+            "venv.VenvState": {"path=/opt/sglang/venv": Venv(exists=False)},
+            "interpreter.PythonInterpreter": {"python=/usr/bin/python3": Interpreter((3, 11, 2), True)},
+            "model_dir.ModelConfig": {"path=/srv/models/tiny": {"num_hidden_layers": 2, "kv_lora_rank": 64,
+                                                                "qk_rope_head_dim": 16, "torch_dtype": "bfloat16",
+                                                                "max_position_embeddings": 4096}}}
 
 
 def test_preflight_passes_on_a_host_that_can_serve():
@@ -123,10 +132,10 @@ def model_kwargs(spec):
 
 
 def test_model_complete_is_a_no_op():
-    marker = {"repo": "sandbox/tiny-nvfp4", "revision": REVISION, "files": HUB_FILES}
+    marker = {"repo": "sandbox/tiny-kimi-int4", "revision": REVISION, "files": HUB_FILES}
     state = {"path=/srv/models/tiny": ModelDir(marker=marker, files=dict(HUB_FILES), partial_bytes=0)}
     host, commands = run(model.model_downloaded, {"model_dir.ModelDirState": state}, **model_kwargs(sandbox_spec()))
-    assert commands == [] and host.noop_description == f"sandbox/tiny-nvfp4@{REVISION[:12]} is in /srv/models/tiny, verified"
+    assert commands == [] and host.noop_description == f"sandbox/tiny-kimi-int4@{REVISION[:12]} is in /srv/models/tiny, verified"
 
 
 def test_model_refuses_with_both_numbers_when_it_does_not_fit():
@@ -145,58 +154,150 @@ def test_model_downloads_only_what_is_missing_in_a_transient_unit():
     _host, commands = run(model.model_downloaded, facts, **model_kwargs(sandbox_spec()))
     fetch = commands[-1]
     assert fetch.function.__name__ == "_fetch"
-    argv, local_dir, need, token_file = fetch.args
-    assert need == 18_000_000 and token_file is None and local_dir == "/srv/models/tiny"
-    assert "--endpoint http://10.77.0.1:18080" in argv and "--margin-bytes 5000000" in argv
+    (download,) = fetch.args
+    assert download.need == 18_000_000 and download.token_file is None and download.local_dir == "/srv/models/tiny"
+    assert download.expected == HUB_FILES and download.revision == REVISION  # what the host must hold at the end
+    assert "--endpoint http://10.77.0.1:18080" in download.argv and "--margin-bytes 5000000" in download.argv
+
+
+def test_a_marker_of_another_revision_is_not_a_no_op():
+    spec = sandbox_spec()
+    marker = {"repo": spec.profile.repo, "revision": "f" * 40, "files": HUB_FILES}
+    state = {"path=/srv/models/tiny": ModelDir(marker=marker, files=dict(HUB_FILES), partial_bytes=0)}
+    facts = {"model_dir.ModelDirState": state, "files.FreeBytes": disk(10**9)}
+    _host, commands = run(model.model_downloaded, facts, **model_kwargs(spec))
+    assert commands[-1].function.__name__ == "_fetch"
+
+
+def test_model_refuses_a_revision_the_hub_does_not_have_before_any_change():
+    message = ("sandbox/tiny@0123456789ab: revision 0123456789abcdef0123456789abcdef01234567 not found on the Hub "
+               "(http://10.77.0.1:18080, HTTP 404): pin a commit that exists")
+    facts = {"model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(10**9)}
+    with patch.object(model, "disk_need", side_effect=disk_check.HubError(message)):
+        _host, commands = run(model.model_downloaded, facts, **model_kwargs(sandbox_spec()))
+    assert failure(commands) == f"model: {message}"  # the only command: nothing uploaded, no unit started
 
 
 def test_the_token_goes_in_a_root_only_file_never_in_argv():
     facts = {"model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(10**9)}
     _host, commands = run(model.model_downloaded, facts, token="hf_secret", **model_kwargs(sandbox_spec()))
     assert "install -m 600 -o root -g root /dev/null /etc/sglang/hf-token" in [str(c) for c in commands]
-    argv = commands[-1].args[0]
+    argv = commands[-1].args[0].argv
     assert "hf_secret" not in argv and "--token-file /etc/sglang/hf-token" in argv
+    # nowhere in what the FunctionCommand carries (positive control: its repr shows the argv)
+    assert "hf_secret" not in repr(commands[-1].args) and "--token-file" in repr(commands[-1].args)
 
 
 # --- quantization deps ------------------------------------------------------------
+# SGLang 0.5.23 as its metadata and source say (tests/fixtures/facts/compressed_tensors.*/sglang_0_5_23.json)
 
-NVFP4_CONFIG = {"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-                                        "config_groups": {"group_0": {"format": "nvfp4-pack-quantized"}}}}
-OLD = {"version": "0.8.1", "members": ["dense", "pack_quantized"]}
-
-
-def quant_facts(members, requirers):
-    venv = "path=/opt/sglang/venv"
-    return {"model_dir.ModelConfig": {"path=/srv/models/tiny": NVFP4_CONFIG},
-            "compressed_tensors.CompressionFormats": {venv: members},
-            "compressed_tensors.CompressedTensorsRequirers": {venv: requirers},
-            "venv.VenvPackages": {venv: {"torch": "2.13.0+cpu", "sglang": "0.5.23", "compressed-tensors": "0.8.1"}},
-            "venv.ExactPins": {"packages=['sglang', 'torch'], path=/opt/sglang/venv": {"sglang": ["transformers==5.19.0"]}}}
+FIXTURES = ROOT / "tests" / "fixtures" / "facts"
+VENV = "path=/opt/sglang/venv"
 
 
-def test_format_present_is_a_no_op():
-    members = {"version": "0.18.0", "members": ["nvfp4_pack_quantized", "pack_quantized"]}
-    host, commands = run(quant_deps.compression_format_supported, quant_facts(members, {}), spec=sandbox_spec())
-    assert commands == [] and host.noop_description == "compressed-tensors 0.18.0 has nvfp4_pack_quantized"
+def fact_fixture(fact: str, case: str):
+    return json.loads((FIXTURES / f"compressed_tensors.{fact}" / f"{case}.json").read_text())["fact"]
 
 
-def test_upgrade_takes_the_installed_pin_and_tolerates_the_allowed_conflict():
-    requirers = {"sglang": ["compressed-tensors==0.18.0"], "vllm-stub": ["compressed-tensors==0.8.1"]}
-    _host, commands = run(quant_deps.compression_format_supported, quant_facts(OLD, requirers), spec=sandbox_spec())
+def ct_config(fmt: str) -> dict:
+    return {"quantization_config": {"quant_method": "compressed-tensors", "format": fmt,
+                                    "config_groups": {"group_0": {"targets": ["Linear"]}}}}
+
+
+KIMI_INT4 = ct_config("pack-quantized")  # moonshotai/Kimi-K2.6: W4A16, group 32
+NVFP4 = ct_config("nvfp4-pack-quantized")
+CT_0_8_1 = fact_fixture("CompressionFormats", "old")  # dense, float, int, marlin_24, naive, pack, sparse_bitmask
+CT_0_18_0 = {"version": "0.18.0", "members": sorted(CT_0_8_1["members"] + [
+    "mixed_precision", "mxfp4_pack_quantized", "mxfp8_quantized", "nvfp4_pack_quantized", "sparse_24_bitmask"])}
+SGLANG_REFS = fact_fixture("CompressionFormatReferences", "sglang_0_5_23")
+NO_SGLANG = fact_fixture("CompressionFormatReferences", "not_installed")
+SGLANG_REQUIRES = fact_fixture("CompressedTensorsRequirers", "sglang_0_5_23")  # compressed-tensors==0.18.0
+VLLM_PIN = {"vllm": {"version": "0.6.5", "requires": ["compressed-tensors==0.8.1"]}}
+STUB_PIN = {"vllm-stub": {"version": "0.6.5", "requires": ["compressed-tensors==0.8.1"]}}
+
+
+def quant_facts(config, installed, refs=SGLANG_REFS, requirers=SGLANG_REQUIRES):
+    sglang = {"sglang": "0.5.23"} if refs["version"] else {}
+    return {"model_dir.ModelConfig": {"path=/srv/models/tiny": config},
+            "compressed_tensors.CompressionFormats": {VENV: installed},
+            "compressed_tensors.CompressionFormatReferences": {f"package=sglang, {VENV}": refs},
+            "compressed_tensors.CompressedTensorsRequirers": {VENV: requirers},
+            "venv.VenvPackages": {VENV: {"torch": "2.13.0+cpu", **sglang, "compressed-tensors": "0.8.1"}},
+            "venv.ExactPins": {f"packages={sorted(['torch', *sglang])!r}, {VENV}": {
+                "sglang": ["transformers==5.19.0", "torch==2.14.1"]} if sglang else {}}}
+
+
+def plans(caplog) -> list[str]:
+    return [r.getMessage().split("plan: ", 1)[1] for r in caplog.records if "plan: " in r.getMessage()]
+
+
+@pytest.mark.parametrize("config", [KIMI_INT4, NVFP4], ids=["kimi-int4", "nvfp4"])
+def test_sglang_needs_what_its_metadata_pins_whatever_the_model_format(config, caplog):
+    requirers = {**SGLANG_REQUIRES, **STUB_PIN}
+    _host, commands = run(quant_deps.compression_format_supported, quant_facts(config, CT_0_8_1, requirers=requirers),
+                          spec=sandbox_spec())
     (upgrade,) = commands
-    venv, requirement, constraints, allow, need = upgrade.args
+    venv, requirement, constraints, allow, need, because = upgrade.args
     assert requirement == "compressed-tensors==0.18.0" and allow == ["vllm-stub"]
+    assert because == "sglang 0.5.23 requires compressed-tensors==0.18.0"
     assert constraints[:2] == ["sglang==0.5.23", "torch==2.13.0+cpu"] and "transformers==5.19.0" in constraints
-    assert need == "nvfp4_pack_quantized (compressed-tensors >= 0.10.0)"
+    assert need.members["nvfp4_pack_quantized"] == "sglang 0.5.23 references"
+    lines = plans(caplog)
+    assert "quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0; installed 0.8.1" in lines
+    assert ("quant deps: sglang 0.5.23 references CompressionFormat.nvfp4_pack_quantized (compressed-tensors >= "
+            "0.10.0); installed 0.8.1 lacks it (sglang/srt/layers/quantization/compressed_tensors/utils.py)") in lines
+    assert lines[-1].startswith("install compressed-tensors==0.18.0 (sglang 0.5.23 requires compressed-tensors=="
+                                "0.18.0), holding sglang 0.5.23, torch 2.13.0+cpu and their exact pins; will conflict,"
+                                " allowed: vllm-stub 0.6.5 requires compressed-tensors==0.8.1")
 
 
-def test_a_pin_not_allowed_to_conflict_fails_naming_it():
-    requirers = {"vllm": ["compressed-tensors==0.8.1"]}
-    _host, commands = run(quant_deps.compression_format_supported, quant_facts(OLD, requirers),
+@pytest.mark.parametrize("config", [KIMI_INT4, NVFP4], ids=["kimi-int4", "nvfp4"])
+def test_everything_satisfied_is_a_no_op(config, caplog):
+    host, commands = run(quant_deps.compression_format_supported, quant_facts(config, CT_0_18_0), spec=sandbox_spec())
+    assert commands == [] and plans(caplog) == []
+    assert host.noop_description == ("compressed-tensors 0.18.0 meets sglang 0.5.23's requirement and the 7 "
+                                     "member(s) it and the model use")
+
+
+def test_a_vllm_pin_fails_naming_vllm_and_sglangs_requirement():
+    requirers = {**SGLANG_REQUIRES, **VLLM_PIN}
+    _host, commands = run(quant_deps.compression_format_supported,
+                          quant_facts(KIMI_INT4, CT_0_8_1, requirers=requirers),
                           spec=sandbox_spec(compressed_tensors_allow_conflicts=[]))
-    message = failure(commands)
-    assert "needs nvfp4_pack_quantized (compressed-tensors >= 0.10.0) but vllm requires compressed-tensors==0.8.1" in message
-    assert "compressed_tensors_allow_conflicts = ['vllm']" in message
+    assert failure(commands) == (
+        "quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0 but vllm 0.6.5 requires "
+        "compressed-tensors==0.8.1: allow the conflict with compressed_tensors_allow_conflicts = ['vllm'] or "
+        "remove the package")
+
+
+def test_an_adopted_venv_with_every_member_but_an_older_release_than_sglang_pins_is_upgraded(caplog):
+    installed = {**CT_0_18_0, "version": "0.17.0"}
+    _host, (upgrade,) = run(quant_deps.compression_format_supported, quant_facts(KIMI_INT4, installed),
+                            spec=sandbox_spec())
+    assert upgrade.args[1] == "compressed-tensors==0.18.0"
+    assert plans(caplog)[0] == "quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0; installed 0.17.0"
+
+
+def test_before_sglang_is_installed_the_model_alone_decides_and_the_plan_says_so(caplog):
+    facts = quant_facts(KIMI_INT4, CT_0_8_1, refs=NO_SGLANG, requirers=STUB_PIN)
+    host, commands = run(quant_deps.compression_format_supported, facts, spec=sandbox_spec())
+    assert commands == [] and host.noop_description == "compressed-tensors 0.8.1 meets the model's pack_quantized"
+    assert plans(caplog) == [
+        "quant deps: sglang is not installed in /opt/sglang/venv yet (python_env installs sglang==0.5.23): what it "
+        "requires of compressed-tensors and the CompressionFormat members its code references are read when this "
+        "step runs"]
+    # an nvfp4 model needs 0.10.0 on its own
+    facts = quant_facts(NVFP4, CT_0_8_1, refs=NO_SGLANG, requirers=STUB_PIN)
+    _host, (upgrade,) = run(quant_deps.compression_format_supported, facts, spec=sandbox_spec())
+    assert upgrade.args[1] == "compressed-tensors>=0.10.0"
+    assert upgrade.args[5] == ("the model's config.json names CompressionFormat.nvfp4_pack_quantized "
+                               "(compressed-tensors >= 0.10.0)")
+
+
+def test_a_model_without_compressed_tensors_needs_nothing():
+    host, commands = run(quant_deps.compression_format_supported,
+                         quant_facts({"quantization_config": {"quant_method": "fp8"}}, CT_0_8_1), spec=sandbox_spec())
+    assert commands == [] and host.noop_description == "the model does not use compressed-tensors"
 
 
 # --- service ----------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""Does the model fit in the GPUs, and how much KV cache is left? Checked
+before anything is downloaded (preflight and the rollout's fleet preflight).
+
+SGLang's static memory per GPU is ``GPU memory x mem_fraction_static``; it
+holds the weights (the checkpoint over the TP ranks) and the KV-cache pool,
+which gets what the weights leave. The pool's size per token comes from the
+model's config.json (its ``text_config`` for multimodal configs such as
+Kimi K2.5/K2.6): MLA caches ``kv_lora_rank + qk_rope_head_dim`` values per
+layer, replicated on every TP rank; MHA/GQA caches K and V of the rank's
+share of the KV heads. Refuses when the weights do not fit; warns when the
+pool holds fewer tokens than the context length, and suggests one that fits.
+
+    fit = memory_fit(spec, gpus)        # (MemoryFit | None, notes)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+
+from core import disk
+from core.ops import gb
+from facts.gpu import Gpu
+from facts.model_dir import ModelConfig, ModelDirState
+from tasks.spec import Spec
+
+MIB = 1024 * 1024
+# SGLang 0.5.23 (srt/arg_groups/memory_hook.py) without --mem-fraction-static:
+# fraction = (GPU memory - reserved) / GPU memory, reserved >= 10 GiB on GPUs over 60 GiB,
+# else >= 512 MiB + 2048 tokens x 1.5 MiB + tp/8 GiB (more with CUDA graphs): an upper bound here.
+_BIG_GPU_MIB, _BIG_GPU_RESERVE_MIB = 60 * 1024, 10 * 1024
+_DTYPE_BYTES = {"bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "half": 2.0, "float32": 4.0, "float": 4.0,
+                "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp4_e2m1": 0.5}  # fmt: skip
+# SGLang's get_context_length(): the first of these keys in the (text) config
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def server_arg(spec: Spec, flag: str) -> str | None:
+    """The value of ``flag`` in the profile's and the host's extra_server_args (the last one wins, as in argparse)."""
+    args = list(spec.profile.extra_server_args) + list(spec.extra_server_args)
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config.json (multimodal configs nest it in text_config)."""
+    nested = config.get("text_config")
+    return nested if isinstance(nested, dict) and "num_hidden_layers" in nested else config
+
+
+def context_length(config: dict[str, Any]) -> int | None:
+    """The context length SGLang derives from a config (rope scaling factor unless the original length is given)."""
+    text = text_config(config)
+    rope = text.get("rope_scaling") or {}
+    factor = rope.get("factor", 1) if isinstance(rope, dict) else 1
+    if not isinstance(rope, dict) or "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+        factor = 1
+    for key in _CONTEXT_KEYS:
+        if text.get(key) is not None:
+            return int(factor * text[key])
+    return None
+
+
+def kv_bytes_per_token(config: dict[str, Any], tp: int, kv_cache_dtype: str | None) -> tuple[float, str] | None:
+    """KV-cache bytes per token on one GPU, and how they were computed; None when the config lacks the fields."""
+    text = text_config(config)
+    dtype = kv_cache_dtype if kv_cache_dtype not in (None, "auto") else (
+        text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype"))
+    size = _DTYPE_BYTES.get(str(dtype).removeprefix("torch."))
+    layers = text.get("num_hidden_layers")
+    if size is None or not isinstance(layers, int):
+        return None
+    if isinstance(text.get("kv_lora_rank"), int):
+        rank, rope = text["kv_lora_rank"], int(text.get("qk_rope_head_dim") or 0)
+        return layers * (rank + rope) * size, f"MLA: {layers} layers x ({rank} + {rope}) x {size:g} bytes ({dtype})"
+    heads = text.get("num_key_value_heads") or text.get("num_attention_heads")
+    head_dim = text.get("head_dim") or (text.get("hidden_size", 0) // max(1, text.get("num_attention_heads") or 1))
+    if not isinstance(heads, int) or not head_dim:
+        return None
+    per_rank = max(1, heads // tp)
+    return (layers * 2 * per_rank * head_dim * size,
+            f"{layers} layers x 2 (K, V) x {per_rank} KV head(s) per rank x {head_dim} x {size:g} bytes ({dtype})")
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    gpu_bytes: int  # the smallest GPU used
+    fraction: float  # mem_fraction_static
+    fraction_from: str
+    weights_bytes: int  # the whole checkpoint
+    weights_from: str
+    tp: int
+    per_token: float | None = None  # KV bytes per token on one GPU
+    per_token_from: str = ""
+    context: int | None = None  # the context length asked for
+    context_from: str = ""
+
+    @property
+    def weights_per_gpu(self) -> float:
+        return self.weights_bytes / self.tp
+
+    @property
+    def static_bytes(self) -> float:
+        return self.gpu_bytes * self.fraction
+
+    @property
+    def kv_room(self) -> float:
+        return self.static_bytes - self.weights_per_gpu
+
+    @property
+    def kv_tokens(self) -> int | None:
+        if self.per_token is None or self.kv_room <= 0:
+            return None
+        return int(self.kv_room // self.per_token)
+
+    def summary(self) -> str:
+        line = (f"memory fit per GPU: weights ~{gb(self.weights_per_gpu)} ({gb(self.weights_bytes)} {self.weights_from}"
+                f" / TP {self.tp}); {gb(self.gpu_bytes)} x mem_fraction_static {self.fraction:g} ({self.fraction_from})"
+                f" = {gb(self.static_bytes)}; KV cache room {gb(self.kv_room)}")
+        if self.kv_tokens is not None:
+            line += f" = ~{self.kv_tokens} tokens ({self.per_token:g} bytes/token, {self.per_token_from})"
+        return line
+
+    def problems(self) -> list[str]:
+        if self.kv_room > 0:
+            return []
+        return [f"the model does not fit: its weights need ~{gb(self.weights_per_gpu)} per GPU at TP {self.tp} "
+                f"({gb(self.weights_bytes)} / {self.tp}) but {gb(self.gpu_bytes)} x mem_fraction_static "
+                f"{self.fraction:g} = {gb(self.static_bytes)} leaves no KV cache room ({gb(self.kv_room)}): "
+                "allowed: more GPUs (gpu_ids, tp_size), a smaller checkpoint, or a higher --mem-fraction-static"]
+
+    def warnings(self) -> list[str]:
+        tokens = self.kv_tokens
+        if tokens is None or self.context is None or tokens >= self.context:
+            return []
+        suggest = suggested_context(tokens)
+        return [f"WARNING: the KV cache room ({gb(self.kv_room)} per GPU) holds ~{tokens} tokens, fewer than the "
+                f"context length {self.context} ({self.context_from}): one full-length request would not fit; "
+                f"suggest --context-length {suggest} in extra_server_args (or more GPUs / a higher "
+                "--mem-fraction-static)"]
+
+
+def mem_fraction(spec: Spec, gpu_bytes: int) -> tuple[float, str]:
+    explicit = server_arg(spec, "--mem-fraction-static")
+    if explicit is not None:
+        return float(explicit), "--mem-fraction-static"
+    gpu_mib = gpu_bytes // MIB
+    reserve = _BIG_GPU_RESERVE_MIB if gpu_mib > _BIG_GPU_MIB else 512 + 2048 * 1.5 + spec.tp_size * 128
+    return round((gpu_mib - reserve) / gpu_mib, 3), "SGLang's default, at most this (>= 10 GiB reserved on big GPUs)"
+
+
+def checkpoint_bytes(spec: Spec) -> tuple[int, str]:
+    """The checkpoint's size: its *.safetensors on the host (verified) or on the Hub, else the profile's estimate."""
+    state = host.get_fact(ModelDirState, path=spec.model_dir)
+    if disk.model_complete(state, spec.profile.repo, spec.profile.revision):
+        files = state.marker.get("files", {}) if state.marker else {}
+    else:
+        try:
+            files = disk.hub_files(spec.profile.repo, spec.profile.revision, spec.hf_endpoint, disk.hf_token(spec))
+        except Exception:  # noqa: BLE001 - the disk check reports the Hub's error
+            files = {}
+    shards = sum(size for name, size in files.items() if name.endswith(".safetensors"))
+    if shards:
+        return shards, "of safetensors"
+    return spec.model_bytes, "(the profile's size_bytes)"
+
+
+@cache
+def hub_config(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, Any]:
+    """config.json of a pinned revision, from the Hub (a pinned revision never changes)."""
+    from huggingface_hub import hf_hub_download
+
+    path = hf_hub_download(repo, "config.json", revision=revision, endpoint=endpoint, token=token)
+    loaded: dict[str, Any] = json.loads(Path(path).read_text())
+    return loaded
+
+
+def model_config(spec: Spec) -> tuple[dict[str, Any] | None, str]:
+    """The model's config.json: the host's copy once downloaded, else the Hub's; (None, why) when neither."""
+    config = host.get_fact(ModelConfig, path=spec.model_dir)
+    if config is not None:
+        return config, ""
+    try:
+        return hub_config(spec.profile.repo, spec.profile.revision, spec.hf_endpoint, disk.hf_token(spec)), ""
+    except Exception as err:  # noqa: BLE001 - offline controller, a repo the Hub does not know, ...
+        return None, f"config.json is not on the host yet and the Hub did not give it ({type(err).__name__})"
+
+
+def fit_for(spec: Spec, gpu_bytes: int, weights: tuple[int, str], config: dict[str, Any] | None) -> MemoryFit:
+    """The memory fit from its inputs (no facts): what the preflight prints."""
+    fraction, fraction_from = mem_fraction(spec, gpu_bytes)
+    per_token = kv_bytes_per_token(config, spec.tp_size, server_arg(spec, "--kv-cache-dtype")) if config else None
+    explicit = server_arg(spec, "--context-length")
+    context = int(explicit) if explicit else (context_length(config) if config else None)
+    return MemoryFit(
+        gpu_bytes=gpu_bytes, fraction=fraction, fraction_from=fraction_from, weights_bytes=weights[0],
+        weights_from=weights[1], tp=max(spec.tp_size, 1),
+        per_token=per_token[0] if per_token else None, per_token_from=per_token[1] if per_token else "",
+        context=context,
+        context_from="--context-length" if explicit else "the model's config.json, SGLang's default",
+    )  # fmt: skip
+
+
+def memory_fit(spec: Spec, gpus: list[Gpu]) -> tuple[MemoryFit | None, list[str]]:
+    """The fit on the GPUs this spec uses, and notes on what could not be known."""
+    used = [gpu for gpu in gpus if gpu.index in spec.gpu_ids]
+    if not used:
+        return None, []
+    unknown = [gpu for gpu in used if gpu.memory_total_mib is None]
+    if unknown:
+        return None, [f"WARNING: GPU memory unknown: nvidia-smi reports memory.total [N/A] for GPU(s) "
+                      f"{[gpu.index for gpu in unknown]} ({unknown[0].name}; unified memory?): the model's memory "
+                      "fit is not checked"]
+    smallest = min(gpu.memory_total_mib or 0 for gpu in used) * MIB
+    config, why = model_config(spec)
+    fit = fit_for(spec, smallest, checkpoint_bytes(spec), config)
+    notes = []
+    if fit.per_token is None:
+        notes.append(f"KV cache room in tokens unknown: {why or 'config.json lacks the attention fields'}")
+    return fit, notes
+
+
+def suggested_context(tokens: int) -> int:
+    """The largest multiple of 1024 tokens that fits (what warnings() suggests)."""
+    return max(1024, math.floor(tokens / 1024) * 1024)
