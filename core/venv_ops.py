@@ -14,6 +14,7 @@ instead of installing into the same site-packages at the same time.
 
 from __future__ import annotations
 
+import json
 import os.path
 import shlex
 
@@ -189,3 +190,35 @@ def packages(path: str, requirements: list[str], no_deps: bool = False):
     plan(f"pip install {', '.join(changes)}")
     yield pip_locked(path, f"pip install {', '.join(missing)}", "install", *(["--no-deps"] if no_deps else []),
                      *[QuoteString(text) for text in missing])
+    yield FunctionCommand(_installed_as_wanted, (path, missing), {})  # pip exiting 0 is not the postcondition
+
+
+_VERSIONS_PY = (
+    "import importlib.metadata as m, json, sys\n"
+    "found = {}\n"
+    "for name in sys.argv[1:]:\n"
+    "    try:\n"
+    "        found[name] = m.version(name)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        pass\n"
+    "print(json.dumps(found))\n"
+)
+
+
+def _installed_as_wanted(state, host, path: str, requirements: list[str]) -> bool:
+    """After pip: the venv really holds every requirement (read back with importlib.metadata)."""
+    names = [canonicalize_name(Requirement(text).name) for text in requirements]
+    command = " ".join(shlex.quote(part) for part in (venv_python(path), "-c", _VERSIONS_PY, *names))
+    ok, output = host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
+    try:
+        found = {canonicalize_name(k): v for k, v in json.loads(output.stdout or "{}").items()} if ok else {}
+    except ValueError:
+        found = {}
+    still = missing_requirements(requirements, found)
+    if not still:
+        return True
+    have = ", ".join(f"{name} {found.get(canonicalize_name(Requirement(name).name), 'absent')}" for name in still)
+    message = f"python env: pip finished but {path} does not hold {', '.join(still)} (found: {have})"
+    host.log_styled(message, fg="red", log_func=logger.error)
+    record_failure(state, host, message, output.stderr_lines)
+    return False

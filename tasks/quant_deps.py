@@ -52,6 +52,7 @@ from facts.compressed_tensors import (
 )
 from facts.model_dir import ModelConfig
 from facts.venv import ExactPins, VenvPackages, venv_python
+from core.disk import HUB, hub_failure
 from core.ops import explaining_line, fail_command, plan, record_failure, report
 from core.paths import CACHE_DIR
 from tasks.spec import COMPRESSED_TENSORS_FORMATS, Spec
@@ -404,7 +405,15 @@ def compression_format_supported(spec: Spec):
     config = host.get_fact(ModelConfig, path=spec.model_dir)
     if config is None:
         token = spec.hf_token.get_secret_value() if spec.hf_token else None
-        config = hub_config(spec.profile.repo, spec.profile.revision, spec.hf_endpoint, token)
+        try:
+            config = hub_config(spec.profile.repo, spec.profile.revision, spec.hf_endpoint, token)
+        except Exception as err:  # noqa: BLE001 - huggingface_hub's errors, each named by hub_failure
+            line, _transient, _wait = hub_failure(err, spec.profile.repo, spec.profile.revision,
+                                                  spec.hf_endpoint or HUB, token)
+            message = f"quant deps: cannot read {spec.profile.repo}@{spec.profile.revision[:12]}'s config.json: {line}"
+            plan(message)
+            yield fail_command(message)
+            return
     model_members = needed_formats(config)
     if not model_members:
         host.noop("the model does not use compressed-tensors")
