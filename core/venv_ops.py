@@ -211,7 +211,8 @@ def _installed_as_wanted(state, host, path: str, requirements: list[str]) -> boo
     command = " ".join(shlex.quote(part) for part in (venv_python(path), "-c", _VERSIONS_PY, *names))
     ok, output = host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
     try:
-        found = {canonicalize_name(k): v for k, v in json.loads(output.stdout or "{}").items()} if ok else {}
+        found: dict[str, str] = ({str(canonicalize_name(k)): str(v) for k, v in json.loads(output.stdout or "{}").items()}
+                                 if ok else {})
     except ValueError:
         found = {}
     still = missing_requirements(requirements, found)
