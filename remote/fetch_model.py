@@ -33,6 +33,7 @@ exist; 7 gave up after --attempts transient failures.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -271,8 +272,27 @@ def _retry_after(response) -> float | None:
     return float(value) if value.isdigit() else None
 
 
-def classify(err: BaseException, repo: str, revision: str, endpoint: str | None, token: str | None) -> Failure:
+def disk_full(err: OSError, local_dir: str | None) -> Failure:
+    """ENOSPC mid-download (another writer filled the disk): the file and both numbers, the disk exit code."""
+    free = "?"
+    if local_dir:
+        try:
+            stat = os.statvfs(local_dir)
+            free = str(stat.f_bavail * stat.f_frsize)
+        except OSError:
+            pass
+    where = err.filename or "a file"
+    return Failure(f"the disk filled up during the download (another writer?): [Errno 28] No space left on device: "
+                   f"{where}; {free} bytes free now under {local_dir} (the check before the download had room); "
+                   f"free space and re-run: completed files are kept", EXIT_DISK)
+
+
+def classify(err: BaseException, repo: str, revision: str, endpoint: str | None, token: str | None,
+             local_dir: str | None = None) -> Failure:
     hub = (endpoint or "https://huggingface.co").rstrip("/")
+    for e in _chain(err):
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return disk_full(e, local_dir)
     find_one = (f"`{'HF_ENDPOINT=' + hub + ' ' if endpoint else ''}hf models info {repo} --revision main "
                 f"--expand sha` prints the newest commit; {hub}/{repo}/commits/main lists them all")
     if isinstance(err, IncompleteSnapshot):
@@ -340,7 +360,7 @@ def with_retries(what: str, call, args, repo: str, revision: str, token: str | N
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as err:  # noqa: BLE001
-            failure = classify(err, repo, revision, args.endpoint, token)
+            failure = classify(err, repo, revision, args.endpoint, token, args.local_dir)
             if not failure.transient:
                 if failure.code == EXIT_ERROR and not isinstance(err, OSError):
                     sys.stderr.write(redact(traceback.format_exc()))  # an unexpected error: the trace helps

@@ -51,7 +51,8 @@ EXIT_MEANINGS = {
 }
 RUNNING = ("active", "activating", "deactivating", "reloading")
 UNIT_PROPS = "LoadState,ActiveState,Result,ExecMainCode,ExecMainStatus,InvocationID"
-REPORTED = ("removed ", "fetched ", "verified ")  # what the step shows of a successful run's journal
+# what the step shows of a successful run's journal: cleanup, retries (the script's and the library's), bytes, proof
+REPORTED = ("removed ", "attempt ", "huggingface_hub: ", "fetched ", "verified ")
 CAUSES = ("FAILED:", "VERIFY FAILED:", "REFUSED:")  # fetch_model's lines that say why it failed
 
 
@@ -258,6 +259,9 @@ def model_downloaded(
     margin_bytes: int,
     endpoint: str | None = None,
     token: str | None = None,
+    attempts: int = 5,
+    backoff_s: float = 5.0,
+    read_timeout_s: int = 30,
 ):
     """
     Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified.
@@ -301,7 +305,8 @@ def model_downloaded(
         yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(token_file))
         yield FileUploadCommand(StringIO(token), token_file)
     argv = [python, FETCH_SCRIPT, "--repo", repo, "--revision", revision, "--local-dir", local_dir,
-            "--margin-bytes", str(margin_bytes)]
+            "--margin-bytes", str(margin_bytes), "--attempts", str(attempts), "--backoff-s", str(backoff_s),
+            "--read-timeout", str(read_timeout_s)]
     if endpoint:
         argv += ["--endpoint", endpoint]
     if token_file:
@@ -324,5 +329,8 @@ def model(spec: Spec) -> None:
         margin_bytes=spec.margin_bytes,
         endpoint=spec.hf_endpoint,
         token=token,
+        attempts=spec.download_attempts,
+        backoff_s=spec.download_backoff_s,
+        read_timeout_s=spec.download_read_timeout_s,
         name=f"model {spec.profile.repo}@{spec.profile.revision[:12]}",
     )

@@ -109,6 +109,12 @@ class HostSettings(CommonSettings):
         f"directly under a system directory); unset: {MODELS_ROOT}/<served_model_name>",
     )
     size_margin_gb: Number = Field(50.0, ge=0, description="GB kept free on the model's disk, a number >= 0")
+    download_attempts: int = Field(5, ge=1, le=50, description="tries per phase of the download before it "
+                                   "gives up on a Hub that fails transiently (5xx, 429, stalls), an integer 1..50")
+    download_backoff_s: Number = Field(5.0, gt=0, le=600, description="first wait between download attempts, "
+                                       "doubling up to 60 s, seconds > 0 and <= 600")
+    download_read_timeout_s: int = Field(30, ge=1, le=3600, description="seconds without a byte before a "
+                                         "file's transfer counts as stalled, an integer 1..3600")
     venv_path: OwnDir = Field(
         "/opt/sglang/venv",
         description="absolute path of the server's venv on the host, a directory of its own (at least two "
