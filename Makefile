@@ -29,8 +29,9 @@ setup: $(VENV)/.installed .apt-tools
 # without its CUDA deps, beside the machine's CPU torch) and compressed-tensors 0.8.1.
 PARSER_DEPS := msgspec==0.23.0 numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 \
 	requests==2.34.2 packaging==26.4 pillow==13.0.0 zstandard==0.25.0 starlette==1.10.0 \
-	pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 aiohttp==3.14.5 pyyaml==6.0.4 triton==3.9.0
-.sandbox/sglang-venv/.installed:
+	pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 aiohttp==3.14.5 pyyaml==6.0.4 triton==3.9.0 \
+	safetensors==0.8.0 huggingface_hub==1.33.0 compressed-tensors==0.18.0 transformers==5.19.0
+.sandbox/sglang-venv/.installed: Makefile
 	$(PYTHON) -m venv .sandbox/sglang-venv
 	.sandbox/sglang-venv/bin/pip install -q torch==2.13.0
 	.sandbox/sglang-venv/bin/pip install -q --no-deps sglang==0.5.23

@@ -29,6 +29,7 @@ import uuid
 
 import pytest
 
+from tests.integration.fleet_helpers import sandbox_group_value
 from tests.integration.helpers import ROOT, boot_extra_host, grand_total, pyinfra, remove_host
 
 pytestmark = pytest.mark.sandbox
@@ -38,6 +39,7 @@ VENV = "/opt/sglang/venv"
 PIP = f"{VENV}/bin/python -m pip"
 UNIT = "sglang.service"
 URL = "http://127.0.0.1:30000"
+GEN_DELAY_S = "20"  # a generation request takes that long: a restart waits for it to drain
 MANAGED_DIRS = "/etc/sglang /etc/systemd/system /var/lib/sglang-converge"
 TIMINGS: dict[str, float] = {}
 
@@ -60,9 +62,12 @@ def host():
 
 
 @pytest.fixture(scope="module")
-def override(tmp_path_factory):
-    """A --group-data dir (sandbox.py) the faults rewrite to make a restart due."""
-    return tmp_path_factory.mktemp("faults")
+def settings(tmp_path_factory):
+    """The --group-data dir of every run here: generations take GEN_DELAY_S, so a restart
+    drains one that long (the window to pull the plug in); restart_due rewrites it."""
+    folder = tmp_path_factory.mktemp("faults")
+    write_settings(folder, {})
+    return folder
 
 
 # --------------------------------------------------------------------------- helpers
@@ -83,9 +88,9 @@ def wait_until(predicate, timeout: float, what: str, every: float = 0.3):
 class Controller:
     """`pyinfra deploy.py` in its own process group; its output read as it comes."""
 
-    def __init__(self, host, *args: str):
+    def __init__(self, host, settings):
         argv = [sys.executable, "-m", "pyinfra", "-y", "--limit", host.name, "inventory/sandbox.py", "deploy.py",
-                *args]
+                "--group-data", str(settings)]
         self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYINFRA_PROGRESS": "off"},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
@@ -193,8 +198,10 @@ def venv_check(host, site: str = f"{VENV}/lib/python3.11/site-packages") -> dict
 
 
 def leftovers(host) -> list[str]:
-    """Temp files of the atomic writes (managed files, stamps) that no rename consumed."""
-    out = host.run(f"find {MANAGED_DIRS} \\( -name '*.sgc-new' -o -name '*.tmp' \\) 2>/dev/null; true").stdout
+    """Temp files of the atomic writes (managed files, stamps) that no rename consumed, and
+    the announcement of a restart that no run recorded."""
+    out = host.run(f"find {MANAGED_DIRS} \\( -name '*.sgc-new' -o -name '*.tmp' -o -name '*.pending.json' \\) "
+                   "2>/dev/null; true").stdout
     return out.split()
 
 
@@ -203,16 +210,15 @@ def serving(host) -> bool:
     return code == "200"
 
 
-def deploy(host, override=None) -> subprocess.CompletedProcess:
-    args = ["deploy.py"] + (["--group-data", str(override)] if override else [])
-    return pyinfra(*args, limit=host.name, env={"PYINFRA_PROGRESS": "off"})
+def deploy(host, settings) -> subprocess.CompletedProcess:
+    return pyinfra("deploy.py", "--group-data", str(settings), limit=host.name, env={"PYINFRA_PROGRESS": "off"})
 
 
-def converges_then_is_a_no_op(host, label: str, override=None) -> subprocess.CompletedProcess:
+def converges_then_is_a_no_op(host, label: str, settings) -> subprocess.CompletedProcess:
     """The run after a fault converges (ready, venv sound, no leftovers, no pip left running);
     the run after that changes nothing and restarts nothing."""
     started = time.monotonic()
-    again = deploy(host, override)
+    again = deploy(host, settings)
     TIMINGS[f"{label}: converge"] = time.monotonic() - started
     assert again.returncode == 0, again.out[-6000:]
     assert serving(host)  # the readiness step passed (rc 0) and the server answers
@@ -222,7 +228,7 @@ def converges_then_is_a_no_op(host, label: str, override=None) -> subprocess.Com
     before = props(host)
     assert before["ActiveState"] == "active", before
     started = time.monotonic()
-    noop = deploy(host, override)
+    noop = deploy(host, settings)
     TIMINGS[f"{label}: no-op"] = time.monotonic() - started
     assert noop.returncode == 0, noop.out[-6000:]
     assert grand_total(noop.out)[:2] == (0, 0), noop.out[-6000:]
@@ -230,12 +236,27 @@ def converges_then_is_a_no_op(host, label: str, override=None) -> subprocess.Com
     return again
 
 
-def restart_due(override, label: str) -> None:
-    """Settings that change the env file: the next run restarts the server."""
-    from tests.integration.fleet_helpers import sandbox_group_value
+def write_settings(folder, env: dict[str, str]) -> None:
+    base = sandbox_group_value("extra_env") or {}
+    (folder / "sandbox.py").write_text(f"extra_env = {({**base, 'SANDBOX_GEN_DELAY_S': GEN_DELAY_S, **env})!r}\n")
 
-    env = {**(sandbox_group_value("extra_env") or {}), "SGC_FAULT": f"{label}-{uuid.uuid4().hex[:6]}"}
-    (override / "sandbox.py").write_text(f"extra_env = {env!r}\n")
+
+def restart_due(settings, label: str) -> str:
+    """Settings that change the env file: the next run restarts the server. The new value."""
+    value = f"{label}-{uuid.uuid4().hex[:6]}"
+    write_settings(settings, {"SGC_FAULT": value})
+    return value
+
+
+def generation_in_flight(host) -> None:
+    """A generation request that takes GEN_DELAY_S, running when this returns: a stop of
+    the server (SIGTERM) waits for it."""
+    host.run("key=$(sed -n 's/^api-key: *//p' /etc/sglang/sglang.yaml 2>/dev/null | tr -d \"\\\"'\"); "
+             "setsid curl -s -m 120 ${key:+-H \"Authorization: Bearer $key\"} -H 'Content-Type: application/json' "
+             f"-d '{{\"text\": \"hi\", \"sampling_params\": {{\"max_new_tokens\": 1}}}}' {URL}/generate "
+             ">/dev/null 2>&1 </dev/null &")
+    wait_until(lambda: '"num_running_reqs": 1' in host.run(f"curl -s {URL}/get_load", check=False).stdout, 10,
+               "the generation request to be in flight")
 
 
 # --------------------------------------------------------------------------- checks of the checks
@@ -257,11 +278,11 @@ def test_the_checks_see_what_they_look_for(host):
 # --------------------------------------------------------------------------- (a) pinned packages
 
 
-def test_controller_killed_during_the_pinned_install(host):
+def test_controller_killed_during_the_pinned_install(host, settings):
     """The first run on a fresh host dies while pip installs torch & co.: the pip goes on,
     holding the venv's lock; the next run waits for it, then converges."""
     started = time.monotonic()
-    controller = Controller(host)
+    controller = Controller(host, settings)
     controller.wait_for_line("Starting operation: Python environment | pinned packages", timeout=300)
     wait_until(lambda: host.run(f"test -d {VENV}/lib/python3.11/site-packages/torch", check=False).returncode == 0,
                600, "pip to be installing torch")
@@ -269,20 +290,20 @@ def test_controller_killed_during_the_pinned_install(host):
     TIMINGS["(a) killed: fault"] = time.monotonic() - started
     assert guest_pips(host, "install"), "the orphaned pip still runs on the host"
     assert host.run(f"test -e /etc/systemd/system/{UNIT}", check=False).returncode != 0  # not that far
-    again = converges_then_is_a_no_op(host, "(a) killed")
+    again = converges_then_is_a_no_op(host, "(a) killed", settings)
     assert "another pip is changing /opt/sglang/venv" in again.out, again.out[-6000:]
 
 
-def test_ssh_dropped_during_the_pinned_install(host):
+def test_ssh_dropped_during_the_pinned_install(host, settings):
     """Pinned packages gone from a serving host; the connection drops while pip puts them
     back: the server keeps serving, the next run converges without a restart."""
     host.run(f"{PIP} uninstall -q -y pyyaml tqdm zstandard")
     before = props(host)
-    controller = Controller(host)
+    controller = Controller(host, settings)
     during_pip(host, controller, "install", "dropped")
     assert "pinned packages" in controller.output
     assert props(host)["InvocationID"] == before["InvocationID"] and serving(host)
-    converges_then_is_a_no_op(host, "(a) dropped")
+    converges_then_is_a_no_op(host, "(a) dropped", settings)
     assert props(host)["InvocationID"] == before["InvocationID"]  # same versions again: no restart
 
 
@@ -290,14 +311,14 @@ def test_ssh_dropped_during_the_pinned_install(host):
 
 
 @pytest.mark.parametrize("how", ["killed", "dropped"])
-def test_fault_during_the_compressed_tensors_upgrade(host, how):
+def test_fault_during_the_compressed_tensors_upgrade(host, settings, how):
     """compressed-tensors gone (the model needs it): the quant deps step installs it
     again; the plug is pulled while its pip runs. The orphaned pip ends at its next
     output line (its stdout is gone) with compressed-tensors whole or absent; the next
     run installs it, the server keeps running (same versions in the end: no restart)."""
     host.run(f"{PIP} uninstall -q -y compressed-tensors")
     before = props(host)
-    controller = Controller(host)
+    controller = Controller(host, settings)
     started = time.monotonic()
     during_pip(host, controller, "compressed-tensors", how)
     TIMINGS[f"(b) {how}: fault"] = time.monotonic() - started
@@ -305,7 +326,7 @@ def test_fault_during_the_compressed_tensors_upgrade(host, how):
     wait_until(lambda: not guest_pips(host, ""), 120, "the orphaned pip to end")
     assert venv_check(host)["half_installed"] == []
     assert props(host)["InvocationID"] == before["InvocationID"] and serving(host)
-    converges_then_is_a_no_op(host, f"(b) {how}")
+    converges_then_is_a_no_op(host, f"(b) {how}", settings)
     assert "compressed-tensors" in host.run(f"{PIP} list 2>/dev/null").stdout
     assert props(host)["InvocationID"] == before["InvocationID"]
 
@@ -314,26 +335,31 @@ def test_fault_during_the_compressed_tensors_upgrade(host, how):
 
 
 @pytest.mark.parametrize("how", ["killed", "dropped"])
-def test_fault_during_a_restart(host, override, how):
-    """New settings restart the server; the plug is pulled as the restart begins. The
-    files on the host are whole (old or new); the next run restarts at most once and
-    says why."""
-    restart_due(override, how)
+def test_fault_during_a_restart(host, settings, how):
+    """New settings restart the server while it drains a generation request (SIGTERM
+    waits for it), and the plug is pulled right then. systemd finishes the restart on
+    its own: the server runs the new settings, whole files, nobody recorded it. The next
+    run sees that and records it instead of restarting a second time."""
+    value = restart_due(settings, how)
     before = props(host)
-    controller = Controller(host, "--group-data", str(override))
+    generation_in_flight(host)
+    controller = Controller(host, settings)
     controller.wait_for_line(f"service: restart {UNIT}", timeout=300)
+    wait_until(lambda: props(host)["ActiveState"] == "deactivating", 30, "the old server to drain")
     started = time.monotonic()
     pull_the_plug(host, controller, how)
-    assert leftovers(host) == []
-    env = host.run("cat /etc/sglang/sglang.env").stdout
-    assert "SGC_FAULT" in env, env  # written before the restart began
-    after = props(host)
-    again = converges_then_is_a_no_op(host, f"(c) {how}", override)
+    assert props(host)["InvocationID"] == before["InvocationID"]  # the plug was pulled during the restart
+    wait_until(lambda: props(host)["InvocationID"] != before["InvocationID"] and serving(host), 120,
+               "systemd to finish the restart without the controller")
+    environ = host.run(f"tr '\\0' '\\n' < /proc/{props(host)['MainPID']}/environ").stdout
+    assert f"SGC_FAULT={value}" in environ  # the new server runs the new settings
+    assert [path for path in leftovers(host) if not path.endswith(".pending.json")] == []
+    restarted = props(host)
+    again = converges_then_is_a_no_op(host, f"(c) {how}", settings)
     TIMINGS[f"(c) {how}: fault to no-op"] = time.monotonic() - started
-    restarts = again.out.count(f"service: restart {UNIT}")
-    assert restarts <= 1, again.out[-6000:]
-    if after["InvocationID"] == before["InvocationID"]:  # the plug was pulled before the restart
-        assert restarts == 1 and "environment file changed" in again.out, again.out[-6000:]
+    assert f"service: restart {UNIT}" not in again.out, again.out[-6000:]
+    assert "was restarted with the wanted config by a run that ended before recording it" in again.out
+    assert props(host)["InvocationID"] == restarted["InvocationID"]
 
 
 # --------------------------------------------------------------------------- 2. the server crashes
@@ -351,7 +377,7 @@ def with_drop_in(host, text: str | None) -> None:
                  "&& systemctl daemon-reload")
 
 
-def test_crash_brought_back_by_systemd(host):
+def test_crash_brought_back_by_systemd(host, settings):
     """SIGKILL on a ready server: the unit's Restart=on-failure brings it back; the next run
     restarts nothing, says it crashed, and readiness passes."""
     assert "Restart=on-failure" in host.run(f"systemctl cat {UNIT}").stdout
@@ -360,7 +386,7 @@ def test_crash_brought_back_by_systemd(host):
     wait_until(lambda: props(host)["NRestarts"] != before["NRestarts"] and serving(host), 60,
                "systemd to restart the server and it to serve")
     back = props(host)
-    proc = deploy(host)
+    proc = deploy(host, settings)
     assert proc.returncode == 0, proc.out[-6000:]
     assert grand_total(proc.out)[:2] == (0, 0), proc.out[-6000:]
     assert f"{UNIT} exited on its own {back['NRestarts']} time(s) since it was last started; systemd restarted it" \
@@ -368,7 +394,7 @@ def test_crash_brought_back_by_systemd(host):
     assert props(host) == back
 
 
-def test_crash_caught_before_systemd_restarts_it(host):
+def test_crash_caught_before_systemd_restarts_it(host, settings):
     """The next run comes while the crashed unit waits out RestartSec=: it starts the
     server at once, says why, and readiness passes (instead of judging a dead process)."""
     with_drop_in(host, "RestartSec=300")
@@ -376,7 +402,7 @@ def test_crash_caught_before_systemd_restarts_it(host):
         before = props(host)
         host.run(f"systemctl kill -s KILL {UNIT}")
         wait_until(lambda: props(host)["SubState"] == "auto-restart", 30, "the unit to wait for its restart")
-        proc = deploy(host)
+        proc = deploy(host, settings)
         assert proc.returncode == 0, proc.out[-6000:]
         assert f"{UNIT} crashed (exited on its own) and waits for systemd's automatic restart" in proc.out
         after = props(host)
@@ -384,10 +410,10 @@ def test_crash_caught_before_systemd_restarts_it(host):
     finally:
         with_drop_in(host, None)
     assert serving(host)
-    converges_then_is_a_no_op(host, "crash, auto-restart pending")
+    converges_then_is_a_no_op(host, "crash, auto-restart pending", settings)
 
 
-def test_crash_that_leaves_it_failed(host):
+def test_crash_that_leaves_it_failed(host, settings):
     """No automatic restart (Restart=no): the killed server stays failed; the next run
     starts it, saying the unit is failed."""
     with_drop_in(host, "Restart=no")
@@ -395,10 +421,10 @@ def test_crash_that_leaves_it_failed(host):
         host.run(f"systemctl kill -s KILL {UNIT}")
         wait_until(lambda: props(host)["ActiveState"] == "failed", 30, "the unit to be failed")
         assert not serving(host)
-        proc = deploy(host)
+        proc = deploy(host, settings)
         assert proc.returncode == 0, proc.out[-6000:]
         assert f"service: start {UNIT}: {UNIT} is failed" in proc.out, proc.out[-6000:]
         assert serving(host)
     finally:
         with_drop_in(host, None)
-    converges_then_is_a_no_op(host, "crash, failed")
+    converges_then_is_a_no_op(host, "crash, failed", settings)

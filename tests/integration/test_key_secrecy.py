@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.integration.helpers import boot_extra_host, pyinfra, remove_host
+from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host, unit_props
 
 pytestmark = pytest.mark.sandbox
 
@@ -123,3 +123,19 @@ def test_key_only_in_the_root_only_options_file(keyed_host):
         host.run(f"rm -f {planted}")
     TIMINGS["file search"] = time.monotonic() - started
     assert files_with_key(host) == []
+
+
+def test_a_second_deploy_keeps_the_launcher_and_the_server(keyed_host):
+    """The launcher is uploaded once; its sha256 in the unit keeps the unit (and so the server) as it is."""
+    host, _ = keyed_host
+    before = unit_props(host, "sglang.service")["MainPID"]
+    started = time.monotonic()
+    again = pyinfra("deploy.py", limit=host.name, env={"SGLANG_API_KEY": KEY})
+    TIMINGS["second deploy"] = time.monotonic() - started
+    assert again.returncode == 0, again.out[-4000:]
+    assert grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
+    # the launcher's operation ran (and changed nothing, per the totals above)
+    assert "launcher /usr/local/lib/sglang-converge/server_launch.py (keeps the API key out" in again.out
+    assert unit_props(host, "sglang.service")["MainPID"] == before
+    sha = host.run("sha256sum /usr/local/lib/sglang-converge/server_launch.py").stdout.split()[0]
+    assert f"(sha256 {sha})" in host.run("cat /etc/systemd/system/sglang.service").stdout

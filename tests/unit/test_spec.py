@@ -100,7 +100,8 @@ def test_ct200_builds(ct200_data):
 def test_ct200_argv(ct200_data):
     spec = S.build_spec("ct200", ct200_data, environ=ENV)
     argv = spec.server_argv
-    assert argv[:3] == ["/opt/sglang/venv/bin/python", "-m", "sglang.launch_server"]
+    assert argv[:3] == ["/opt/sglang/venv/bin/python", "/usr/local/lib/sglang-converge/server_launch.py",
+                        "sglang.launch_server"]
     joined = " ".join(argv)
     for part in (
         "--model-path /srv/models/kimi-k2.6",
@@ -156,7 +157,8 @@ def test_sandbox_builds(sandbox_data):
     assert "--config" not in spec.server_argv
     assert "--attention-backend" not in spec.server_argv  # unresolved auto: SGLang chooses
     resolved = spec.resolve("12.0", True)
-    assert resolved.server_argv[:3] == ["/opt/sglang/venv/bin/python", "-m", "sglang_standin"]
+    assert resolved.server_argv[:3] == ["/opt/sglang/venv/bin/python", "/usr/local/lib/sglang-converge/server_launch.py",
+                                        "sglang_standin"]
     assert "--attention-backend triton" in " ".join(resolved.server_argv)
 
 

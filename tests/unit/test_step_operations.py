@@ -307,7 +307,7 @@ def service_facts(spec, stamp, active="active"):
             "unit_file_state": "enabled", "fragment_path": spec.unit_path, "restarts": 0, "invocation_id": "x",
             "started_monotonic_us": 1, "need_daemon_reload": False}
     return {"systemd.SystemdUnitState": {f"unit={spec.unit_name}": UnitState(**unit)},
-            "files.FileText": {f"path={stamp_path(spec)}": stamp},
+            "files.FileText": {f"path={stamp_path(spec)}": stamp, f"path={service.pending_stamp_path(spec)}": None},
             "venv.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
             "model_dir.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)}}
 
