@@ -78,7 +78,8 @@ def test_dry_run_plans_the_whole_fix_and_changes_nothing(incident):
     assert "will conflict, allowed: vllm-stub 0.6.5 requires compressed-tensors==0.8.1" in out
     assert "the model's config.json names" not in out
     assert "(python3 of embedder.service) holds 56320 MiB on GPU 0 -> systemctl stop embedder.service" in out
-    assert "+ExecStart=/opt/sglang/venv/bin/python -m sglang_standin --model-path /srv/models/tiny" in out
+    assert ("+ExecStart=/opt/sglang/venv/bin/python /usr/local/lib/sglang-converge/server_launch.py sglang_standin "
+            "--model-path /srv/models/tiny") in out
     assert "plan: start sglang.service" in out
     assert incident.run("ls -A /srv/models").stdout.strip() == ""
     assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "active"
@@ -112,8 +113,11 @@ def test_run2_converges_the_incident_host(incident):
     assert incident.run("find /srv/models -name '*.incomplete'").stdout.strip() == ""
     assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "inactive"
     apps = incident.run("nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader").stdout
-    main_pid = unit_props(incident, "sglang.service")["MainPID"]
-    assert [line.split(",")[0] for line in apps.splitlines()] == [main_pid] * 8
+    # one TP rank process per GPU (as SGLang's schedulers), each in sglang.service's cgroup
+    pids = [line.split(",")[0].strip() for line in apps.splitlines()]
+    assert len(pids) == 8 and len(set(pids)) == 8, apps
+    cgroups = incident.run(" ; ".join(f"cat /proc/{pid}/cgroup" for pid in pids)).stdout
+    assert cgroups.count("sglang.service") >= 8, cgroups
     assert '"id":"tiny"' in incident.run("curl -s http://127.0.0.1:30000/v1/models").stdout.replace(" ", "")
 
 
