@@ -3,16 +3,18 @@ python -m rollout INVENTORY --status [--limit ...]
 
 Rolls deploy.py over the inventory's hosts: router hosts first, then the
 servers in inventory order - the canary batch, then batches of N - each batch
-ready before the next starts; stops at the first batch that fails. Before any
-host changes, every server's preflight (GPUs, driver, disk, port) is gathered
-and every host that cannot take the model is reported (exit 2).
+ready before the next starts; stops after the batch in which more than
+--max-failed hosts have failed (an unreachable host counts). Before any host
+changes, every server's preflight (GPUs, driver, disk, port) is gathered and
+every host that cannot take the model, or cannot be reached, is reported (exit 2).
 
 --status changes nothing: per host the unit, whether it serves, the model
 revision on disk, drift (why the next deploy would restart it) and its place
 in the router; exit 1 when any host is not as wanted (rollout/status.py).
 
-Exit status: 0 all ok (or --dry), 1 a batch failed (the rollout stopped),
-2 invalid settings or a failed preflight (nothing changed).
+Exit status: 0 all ok (or --dry), 1 a host failed (the rollout stopped once
+more than --max-failed had failed, or went on within it), 2 invalid settings
+or a failed preflight, an unreachable host included (nothing changed).
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ hosts of that batch only:
    restart and registration after), so a batch is ready before the next
    starts;
 3. a batch with failed hosts stops the rollout once more than ``max_failed``
-   hosts failed in all; later hosts are not touched. Inside a batch every
+   hosts failed in all; later hosts are not touched. A host that cannot be
+   reached fails with pyinfra's reason (``cannot connect over ssh to ADDRESS:
+   ...``) and counts like any other failure; fewer failures than that let the
+   rollout go on, and it still exits 1. Inside a batch every
    host runs to the end of its pipeline or its own failure (no host is left
    drained half-way because another one failed);
 4. a summary table: host, batch, result, changed, restarted, time to ready,
@@ -137,6 +140,29 @@ def failure_reason(state, host, failed_op: str | None) -> str:
     return "failed" if failed_op is None else ""
 
 
+def connect_failure(host, error: str | None) -> str:
+    """Why pyinfra could not reach ``host``, in one line.
+
+    >>> class H: name, data = "gpu-a", {"ssh_hostname": "10.0.0.11"}
+    >>> connect_failure(H, "Could not connect ([Errno 111] Connection refused)")
+    'cannot connect over ssh to 10.0.0.11: Could not connect ([Errno 111] Connection refused)'
+    """
+    address = host.data.get("ssh_hostname") or host.name
+    return f"cannot connect over ssh to {address}: {error or 'no reason given by pyinfra'}"
+
+
+def connect_errors_recorder(errors: dict[str, str]):
+    """A pyinfra state callback handler that keeps each host's connect error in ``errors``."""
+    from pyinfra.api.state import BaseStateCallback
+
+    class ConnectErrors(BaseStateCallback):
+        @staticmethod
+        def host_connect_error(state, host, error) -> None:
+            errors[host.name] = str(error.args[0] if getattr(error, "args", None) else error)
+
+    return ConnectErrors()
+
+
 class Driver:
     """One rollout. ``run()`` returns a RolloutReport; ``print_summary`` shows it."""
 
@@ -196,18 +222,18 @@ class Driver:
         config.lock_current_state()
         limit = [inventory.get_host(name) for name in names]
         state.init(inventory, config, initial_limit=limit)
+        why: dict[str, str] = {}
+        state.add_callback_handler(connect_errors_recorder(why))
         state.set_stage(StateStage.Connect)
         from pyinfra.api.exceptions import PyinfraError
 
         try:
             connect_all(state)
-        except PyinfraError as err:  # all hosts failed to connect
-            for host in limit:
-                self.errors.setdefault(host.name, []).append(f"cannot connect: {err}")
-            return []
-        unreachable = [h.name for h in limit if h not in state.active_hosts]
-        for name in unreachable:
-            self.errors.setdefault(name, []).append("cannot connect over ssh")
+        except PyinfraError:  # all hosts failed to connect ("No hosts remaining!"): each one's reason below
+            pass
+        unreachable = [h for h in limit if h not in state.active_hosts]
+        for host in unreachable:
+            self.errors.setdefault(host.name, []).append(connect_failure(host, why.get(host.name)))
         return [h for h in limit if h in state.active_hosts]
 
     @staticmethod
@@ -409,6 +435,11 @@ class Driver:
                     self.echo(f"rollout: stopped after batch {batch.label} ({failed_total} failed host(s) > "
                               f"--max-failed {self.max_failed}): not touched: {', '.join(later)}")
                 break
+        if failed_total and report.exit_code == 0:  # tolerated (--max-failed) but failed all the same
+            failed = [name for name, result in results.items() if result.result == "failed"]
+            self.echo(f"rollout: {failed_total} host(s) failed, within --max-failed {self.max_failed}: "
+                      f"the other batches ran; failed: {', '.join(failed)}")
+            report.exit_code = 1
         report.total_s = time.monotonic() - started
         return report
 
