@@ -53,7 +53,7 @@ test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox
 
 ## make test: lint (ruff, mypy), unit tests (facts, operations, spec, stand-ins) + sandbox integration tests
 test: setup test-venvs lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 ## make lint: ruff and mypy, configured in pyproject.toml
 lint: $(VENV)/.installed

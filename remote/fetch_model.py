@@ -24,51 +24,27 @@ Before downloading, the *.incomplete files a killed earlier run left in
 resumes them across runs; a lock file there keeps two runs apart). The last
 lines say how many bytes this run fetched from the Hub.
 
-Exit codes: 0 done; 1 other errors (not retried); 3 not enough disk (nothing
-downloaded); 4 verification failed; 5 the Hub refused the token (401/403, or a
-private or gated repo and no token); 6 the repo or the revision does not
-exist; 7 gave up after --attempts transient failures.
+Exit codes and the one-line causes: hub_failures.py (uploaded beside this script).
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
-import re
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+
+# hub_failures.py is uploaded beside this script: its directory is the first entry of sys.path
+from hub_failures import (DOWNLOAD_DIR, EXIT_DISK, EXIT_VERIFY, SECRETS, Failure, IncompleteSnapshot,
+                          _what, log, redact, with_retries)
 
 MARKER = ".sglang-converge.json"
 GB = 1000**3
-DOWNLOAD_DIR = Path(".cache") / "huggingface" / "download"  # huggingface_hub's partial files for a local_dir
 LOCK_FILE = Path(".cache") / "huggingface" / ".sglang-converge-fetch.lock"
-MAX_BACKOFF_S = 60.0
-
-EXIT_ERROR = 1
-EXIT_DISK = 3
-EXIT_VERIFY = 4
-EXIT_TOKEN = 5
-EXIT_NOT_FOUND = 6
-EXIT_GAVE_UP = 7
-
-_SECRETS: list[str] = []  # never printed: replaced by <redacted> in everything this script writes
-
-
-def redact(text: str) -> str:
-    for secret in _SECRETS:
-        text = text.replace(secret, "<redacted>")
-    return text
-
-
-def log(message: str) -> None:
-    print(redact(message), flush=True)
 
 
 def local_size(path: Path) -> int | None:
@@ -152,19 +128,33 @@ def remove_leftovers(local_dir: Path) -> tuple[int, int]:
 
 
 class ByteCounter:
-    """Response body bytes received from the Hub (and its CDN) by this process, as they arrive."""
+    """Response body bytes received from the Hub (and its CDN) by this process, as they arrive, and by
+    repo file (its latest body): a failed write names no file, these say which were in flight."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.total = 0  # every body: API answers, errors, files
         self.files = 0  # bodies of successful file GETs (not /api/)
         self.installed = False
+        self.received: dict[str, int] = {}  # repo file -> bytes of its latest body received so far
+        self._redirects: dict[str, str] = {}  # CDN URL -> the repo file whose /resolve/ URL sent there
 
-    def add(self, n: int, is_file: bool) -> None:
+    def add(self, n: int, name: str | None, first: bool = False) -> None:
         with self._lock:
             self.total += n
-            if is_file:
+            if name is not None:
                 self.files += n
+                self.received[name] = n + (0 if first else self.received.get(name, 0))
+
+    def file_of(self, response) -> str:
+        """The repo file a response carries; a redirect is remembered so the CDN's answer maps back."""
+        url = str(response.request.url)
+        with self._lock:
+            name = self._redirects.pop(url, None) or _what(url)
+            location = response.headers.get("Location") if 300 <= response.status_code < 400 else None
+            if location:
+                self._redirects[str(response.request.url.join(location))] = name
+        return name
 
     def install(self) -> bool:
         """Count through huggingface_hub's supported set_client_factory: its default client plus a
@@ -181,12 +171,14 @@ class ByteCounter:
             http = sys.modules[type(client).__module__.split(".")[0]]  # httpx (hub 1.x) or httpx2 (2.x)
 
             class Counted(http.SyncByteStream):  # type: ignore[name-defined]
-                def __init__(self, inner, is_file: bool):
-                    self._inner, self._is_file = inner, is_file
+                def __init__(self, inner, name: str | None):
+                    self._inner, self._name = inner, name
+                    if name is not None:
+                        counter.add(0, name, first=True)
 
                 def __iter__(self):
                     for chunk in self._inner:
-                        counter.add(len(chunk), self._is_file)
+                        counter.add(len(chunk), self._name)
                         yield chunk
 
                 def close(self) -> None:
@@ -194,9 +186,10 @@ class ByteCounter:
 
             def on_response(response) -> None:
                 request = response.request
+                name = counter.file_of(response)
                 is_file = (request.method == "GET" and 200 <= response.status_code < 300
                            and not request.url.path.startswith("/api/"))
-                response.stream = Counted(response.stream, is_file)
+                response.stream = Counted(response.stream, name if is_file else None)
 
             hooks = client.event_hooks
             hooks["response"] = [*hooks.get("response", []), on_response]
@@ -206,175 +199,6 @@ class ByteCounter:
         huggingface_hub.set_client_factory(factory)
         self.installed = True
         return True
-
-
-# ---------------------------------------------------------------------------
-# what went wrong, in one line
-
-
-class Failure(Exception):
-    """Why a call failed: transient ones are retried, the others end the run with `code`."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR, transient: bool = False,
-                 retry_after: float | None = None):
-        super().__init__(message)
-        self.message, self.code, self.transient, self.retry_after = message, code, transient, retry_after
-        self.cause: BaseException | None = None  # the exception it describes
-
-
-class IncompleteSnapshot(Exception):
-    """snapshot_download returned but files are missing (it does when the Hub's file list is unreachable
-    and local_dir is not empty)."""
-
-    def __init__(self, missing: dict[str, int]):
-        super().__init__(f"{len(missing)} files missing after the download")
-        self.missing = missing
-
-
-def _chain(err: BaseException | None):
-    seen: list[BaseException] = []
-    while err is not None and all(err is not s for s in seen) and len(seen) < 12:
-        seen.append(err)
-        yield err
-        err = err.__cause__ or err.__context__
-
-
-def _class_names(err: BaseException) -> set[str]:
-    return {cls.__name__ for cls in type(err).__mro__}
-
-
-def _request_url(err: BaseException) -> str | None:
-    response = getattr(err, "response", None)
-    try:
-        if response is not None:
-            history = getattr(response, "history", None) or []
-            first = history[0] if history else response  # the Hub URL, not the CDN one it redirected to
-            return str(first.request.url)
-        return str(err.request.url)  # type: ignore[attr-defined]  # httpx's transport errors; raises when unset
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _what(url: str | None) -> str:
-    """The file a URL fetches (its path in the repo), or the API call."""
-    if not url:
-        return "the Hub"
-    path = urlsplit(url).path
-    if "/resolve/" in path:
-        return unquote(path.split("/resolve/", 1)[1].partition("/")[2])
-    if "/api/" in path:
-        return f"the Hub API ({unquote(path)})"
-    return url
-
-
-def _retry_after(response) -> float | None:
-    value = (response.headers.get("Retry-After") or "").strip() if response is not None else ""
-    return float(value) if value.isdigit() else None
-
-
-def disk_full(err: OSError, local_dir: str | None) -> Failure:
-    """ENOSPC mid-download (another writer filled the disk): the file and both numbers, the disk exit code."""
-    free = "?"
-    if local_dir:
-        try:
-            stat = os.statvfs(local_dir)
-            free = str(stat.f_bavail * stat.f_frsize)
-        except OSError:
-            pass
-    where = err.filename or "a file"
-    return Failure(f"the disk filled up during the download (another writer?): [Errno 28] No space left on device: "
-                   f"{where}; {free} bytes free now under {local_dir} (the check before the download had room); "
-                   f"free space and re-run: completed files are kept", EXIT_DISK)
-
-
-def classify(err: BaseException, repo: str, revision: str, endpoint: str | None, token: str | None,
-             local_dir: str | None = None) -> Failure:
-    hub = (endpoint or "https://huggingface.co").rstrip("/")
-    for e in _chain(err):
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return disk_full(e, local_dir)
-    find_one = (f"`{'HF_ENDPOINT=' + hub + ' ' if endpoint else ''}hf models info {repo} --revision main "
-                f"--expand sha` prints the newest commit; {hub}/{repo}/commits/main lists them all")
-    if isinstance(err, IncompleteSnapshot):
-        first = sorted(err.missing)[0]
-        return Failure(f"{len(err.missing)} files still missing after the download returned (first: {first}); "
-                       f"the Hub's file list was probably unreachable", transient=True)
-    for e in _chain(err):
-        names = _class_names(e)
-        response = getattr(e, "response", None)
-        status = getattr(response, "status_code", None)
-        what = _what(_request_url(e))
-        if "RevisionNotFoundError" in names:
-            return Failure(f"revision {revision} does not exist in {repo} on {hub} (HTTP {status} RevisionNotFound); "
-                           f"pin a real commit: {find_one}", EXIT_NOT_FOUND)
-        if "GatedRepoError" in names:
-            return Failure(f"the Hub refused access ({status}) to the gated repo {repo}: accept its terms on "
-                           f"{hub}/{repo} with the account of the token", EXIT_TOKEN)
-        if "RepositoryNotFoundError" in names:
-            if status == 401 and not token:
-                return Failure(f"the Hub refused access (401) to {repo} without a token: a private or gated repo "
-                               f"needs one (hf_token), or the repo does not exist", EXIT_TOKEN)
-            if status == 401:
-                return Failure(f"the Hub refused the token (401) for {repo}", EXIT_TOKEN)
-            return Failure(f"repo {repo} does not exist on {hub}, or the token cannot see it "
-                           f"(HTTP {status} RepoNotFound, revision {revision})", EXIT_NOT_FOUND)
-        if isinstance(status, int):
-            if status == 401:
-                return Failure(f"the Hub refused the token (401) for {repo}"
-                               + ("" if token else " (no token was given)"), EXIT_TOKEN)
-            if status == 403:
-                return Failure(f"the Hub denied access (403) to {repo} with this token", EXIT_TOKEN)
-            if status in (408, 429) or status >= 500:
-                wait = _retry_after(response)
-                return Failure(f"HTTP {status} from the Hub for {what}"
-                               + (f" (Retry-After {wait:.0f} s)" if wait is not None else ""),
-                               transient=True, retry_after=wait)
-            code = (response.headers.get("X-Error-Code") or "") if response is not None else ""
-            return Failure(f"HTTP {status}{' ' + code if code else ''} from the Hub for {what}")
-        if "ReadTimeout" in names:
-            limit = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT", "?")
-            return Failure(f"read timed out (no byte for {limit} s) fetching {what}", transient=True)
-        if "TimeoutException" in names:
-            return Failure(f"{type(e).__name__} fetching {what}", transient=True)
-        if names & {"ConnectError", "NetworkError", "RemoteProtocolError", "ProtocolError", "TransportError"}:
-            detail = (str(e).strip().splitlines() or [""])[0]
-            return Failure(f"connection failed fetching {what}: {type(e).__name__}: {detail}", transient=True)
-        if isinstance(e, OSError) and "Consistency check failed" in str(e):
-            m = re.search(r"has size \d+ \((.*?)\)", str(e))
-            return Failure(f"{m.group(1) if m else 'a file'} arrived short (connection cut?)", transient=True)
-    if "LocalEntryNotFoundError" in _class_names(err):  # huggingface_hub's word for "the Hub could not be reached"
-        return Failure(f"could not reach the Hub at {hub}", transient=True)
-    first_line = (str(err).strip().splitlines() or [""])[0]
-    return Failure(f"{type(err).__name__}: {first_line}")
-
-
-def with_retries(what: str, call, args, repo: str, revision: str, token: str | None, tries: list | None = None):
-    """call() until it succeeds, a non-transient failure (raised as Failure) or args.attempts transient ones;
-    each attempt is appended to `tries`."""
-    delay = args.backoff_s
-    for attempt in range(1, args.attempts + 1):
-        if tries is not None:
-            tries.append(attempt)
-        try:
-            return call()
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as err:  # noqa: BLE001
-            failure = classify(err, repo, revision, args.endpoint, token, args.local_dir)
-            if not failure.transient:
-                if failure.code == EXIT_ERROR and not isinstance(err, OSError):
-                    sys.stderr.write(redact(traceback.format_exc()))  # an unexpected error: the trace helps
-                failure.cause = err
-                raise failure from None
-            if attempt == args.attempts:
-                gave_up = Failure(f"gave up after {args.attempts} attempts to {what}: {failure.message}", EXIT_GAVE_UP)
-                gave_up.cause = err
-                raise gave_up from None
-            wait = min(max(delay, failure.retry_after or 0.0), args.max_wait_s)
-            log(f"attempt {attempt}/{args.attempts} to {what} failed: {failure.message}; retrying in {wait:.1f} s")
-            time.sleep(wait)
-            delay = min(delay * 2, MAX_BACKOFF_S)
-    raise AssertionError("not reached")
 
 
 class _OneLine(logging.Formatter):
@@ -407,7 +231,7 @@ def read_token(token_file: str | None) -> str | None:
     token = None
     if token_file and os.path.exists(token_file):
         token = Path(token_file).read_text().strip() or None
-    _SECRETS[:] = [s for s in (token, os.environ.get("HF_TOKEN")) if s]
+    SECRETS[:] = [s for s in (token, os.environ.get("HF_TOKEN")) if s]
     return token
 
 
@@ -448,7 +272,13 @@ class Fetch:
         self.started = time.monotonic()
 
     def retrying(self, what: str, call, tries: list | None = None):
-        return with_retries(what, call, self.args, self.repo, self.revision, self.token, tries)
+        return with_retries(what, call, self.args, self.repo, self.revision, self.token, tries,
+                            self.in_flight)
+
+    def in_flight(self) -> dict[str, int]:
+        """Files whose body this run received (in part or whole) but which are not complete on disk."""
+        left = still_to_fetch(self.local_dir, self.expected)
+        return {name: got for name, got in dict(self.counter.received).items() if name in left}
 
     def run(self) -> int:
         try:

@@ -40,10 +40,12 @@ from tasks.spec import Spec
 FETCH_UNIT = "sglang-model-fetch.service"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
 LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
+# modules the script imports from its own directory, uploaded beside it
+FETCH_MODULES = ("hub_failures.py",)
 # remote/fetch_model.py's exit codes
 EXIT_MEANINGS = {
     1: "an error that is not retried",
-    3: "not enough disk, nothing downloaded",
+    3: "not enough disk (refused before the download, or the disk filled up during it)",
     4: "verification failed",
     5: "the Hub refused the token",
     6: "the repo or the revision does not exist on the Hub",
@@ -299,6 +301,8 @@ def model_downloaded(
     )
     yield StringCommand("install -d -m 755", REMOTE_DIR, CONFIG_DIR)
     yield FileUploadCommand(str(LOCAL_FETCH_SCRIPT), FETCH_SCRIPT)
+    for module in FETCH_MODULES:
+        yield FileUploadCommand(str(REMOTE_SRC_DIR / module), f"{REMOTE_DIR}/{module}")
     token_file = None
     if token:
         token_file = TOKEN_FILE

@@ -5,6 +5,7 @@ and recorded in the marker that makes the deploy's next run a no-op."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -88,3 +89,39 @@ def test_verify_names_a_missing_shard_and_a_size_mismatch(tmp_path):
     assert "size mismatch: config.json has 2 bytes, the Hub says 5" in problems
     assert "missing: s1.safetensors" in problems
     assert "shard named in the safetensors index is missing: s1.safetensors" in problems
+
+
+def _fetch_module():
+    """hub_failures, imported as fetch_model.py imports it on the host: from the script's directory."""
+    sys.path.insert(0, str(ROOT / "remote"))
+    import hub_failures
+
+    return hub_failures
+
+
+def test_a_disk_filling_up_names_the_files_in_flight_as_huggingface_hub_lays_them_out(tmp_path):
+    """ENOSPC from a write carries no file name: the partial files huggingface_hub left say which
+    repo files were being written. The layout comes from huggingface_hub's own path function."""
+    import errno
+
+    from huggingface_hub._local_folder import get_local_download_paths
+
+    fetch = _fetch_module()
+    in_flight = {"model-00001-of-00002.safetensors": 4096, "sub/dir/tokenizer.json": 7}
+    for name, size in in_flight.items():
+        paths = get_local_download_paths(tmp_path, name)
+        paths.lock_path.touch()
+        paths.incomplete_path("0123abcd").write_bytes(b"x" * size)
+    done = get_local_download_paths(tmp_path, "config.json")  # complete: metadata, no partial file
+    done.metadata_path.write_text("x")
+    (tmp_path / "config.json").write_text("{}")
+
+    assert fetch.files_in_flight(tmp_path) == in_flight
+    failure = fetch.disk_full(OSError(errno.ENOSPC, "No space left on device"), str(tmp_path))
+    assert failure.code == fetch.EXIT_DISK
+    assert "writing model-00001-of-00002.safetensors (4096 bytes received)" in failure.message
+    assert "sub/dir/tokenizer.json (7 bytes received)" in failure.message
+    assert re.search(r"\d+ bytes free now", failure.message)
+    # nothing in flight (the error came from elsewhere): still says what it knows
+    empty = fetch.disk_full(OSError(errno.ENOSPC, "No space left on device"), str(tmp_path / "none"))
+    assert "writing a file;" in empty.message

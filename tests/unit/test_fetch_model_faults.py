@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -250,3 +251,41 @@ def test_a_killed_runs_partial_files_are_removed_and_the_rerun_counts_what_it_fe
         assert again.returncode == 0, out(again)
         assert fetched(again)[0] == 0 and hub.stats(settle_s=5)["file_bytes"] == 0
         assert "removed" not in again.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (a tmpfs)")
+def test_the_disk_filling_up_mid_download_names_the_files_being_written(hub, model, tmp_path):
+    """A real ENOSPC: the local dir is a small tmpfs in a private mount namespace (gone with the
+    process), another writer takes its free space while the throttled download runs. The write
+    error carries no file name; the script names the files it was fetching and the bytes they got."""
+    mount_dir = tmp_path / "disk"
+    mount_dir.mkdir()
+    size_kb = model.total_bytes // 1024 + 1024  # room for the model: the check before the download passes
+    token_file = tmp_path / "hf-token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    script = (
+        f"mount -t tmpfs -o size={size_kb}k sglang-test-enospc {mount_dir} || exit 90\n"
+        f"{PYTHON} {SCRIPT} --repo {REPO} --revision {model.commit} --local-dir {mount_dir}/dl "
+        f"--endpoint {hub.url()} --token-file {token_file} --backoff-s 0.2 --read-timeout 5 & pid=$!\n"
+        f"i=0; while [ \"$(du -sb {mount_dir} | cut -f1)\" -lt 10000 ] && [ $i -lt 400 ]; do "
+        f"sleep 0.05; i=$((i+1)); done\n"
+        f"dd if=/dev/zero of={mount_dir}/filler bs=64k status=none 2>/dev/null\n"
+        f"wait $pid\n")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home")}
+    env.pop("HF_TOKEN", None)
+    hub.throttle_bps = 1_000_000
+    try:
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                              capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        hub.throttle_bps = None
+    assert proc.returncode == 3, out(proc)
+    failed = last_line(proc)
+    assert failed.startswith("FAILED: the disk filled up during the download"), out(proc)
+    cut = re.findall(r"(\S+) \((\d+) bytes received\)", failed)
+    # huggingface_hub writes a body in 10 MB chunks: a small file's write fails after all of it arrived
+    assert cut and all(0 < int(got) <= model.file(name).size for name, got in cut), failed
+    assert re.search(r" \d+ bytes free now under ", failed), failed
+    assert "Traceback" not in out(proc)
+    assert not os.path.ismount(mount_dir)  # the tmpfs lived in the namespace only

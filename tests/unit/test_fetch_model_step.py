@@ -205,7 +205,7 @@ def test_a_lost_host_fails_the_step_with_what_a_rerun_does_and_the_token_file_is
     (KILLED, "was killed by SIGKILL (Result=signal)", None),
     (unit("failed", "signal", "2", "15"), "was killed by SIGTERM (Result=signal)", None),
     (unit("failed", "core-dump", "3", "6"), "was killed by SIGABRT (core dumped) (Result=core-dump)", None),
-    (exited(3), "exited with code 3: not enough disk, nothing downloaded", 3),
+    (exited(3), "exited with code 3: not enough disk (refused before the download, or the disk filled up during it)", 3),
     (exited(5), "exited with code 5: the Hub refused the token", 5),
     (exited(6), "exited with code 6: the repo or the revision does not exist on the Hub", 6),
     (exited(7), "exited with code 7: gave up after repeated transient Hub failures", 7),
