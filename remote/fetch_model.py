@@ -24,6 +24,21 @@ Before downloading, the *.incomplete files a killed earlier run left in
 resumes them across runs; a lock file there keeps two runs apart). The last
 lines say how many bytes this run fetched from the Hub.
 
+Verification, before the marker is written: every file the Hub lists is on
+disk at the Hub's size (no partial file left, every shard the safetensors
+index names present), then its content has the digest the Hub publishes
+(model_info(files_metadata=True)): the sha256 of an LFS file, the git blob
+sha1 of the others (file_digests.py, uploaded beside this script; in parallel
+threads, a "hashing:" progress line every 5 s, after a minute every 30 s). huggingface_hub itself checks
+sizes only, so this is what catches a body changed on the way or on disk. A
+file that does not match is logged (`DIGEST MISMATCH: <file>: sha256 <hex> on
+disk, the Hub says <hex>`), deleted and fetched again, then hashed again: at
+most --attempts rounds of hashing in all. One still wrong after the last round
+is deleted and the run ends with `VERIFY FAILED: <file> ...` and exit code 4,
+without a marker. A file the Hub gives no digest for is checked by size only;
+the "verified N files by digest" line says how many were. The marker records
+the sizes and the digests verified ("sha256:<hex>" or "sha1:<hex>").
+
 Exit codes and the one-line causes: hub_failures.py (uploaded beside this script).
 """
 
@@ -37,8 +52,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-# hub_failures.py is uploaded beside this script: its directory is the first entry of sys.path
+# file_digests.py and hub_failures.py are uploaded beside this script: its directory is the first entry of sys.path
+from file_digests import NAMES, hash_files, hub_digest, split
 from hub_failures import (DOWNLOAD_DIR, EXIT_DISK, EXIT_VERIFY, SECRETS, Failure, IncompleteSnapshot,
                           _what, log, redact, with_retries)
 
@@ -54,9 +71,27 @@ def local_size(path: Path) -> int | None:
         return None
 
 
-def remote_files(api, repo: str, revision: str, timeout: float | None = None) -> dict[str, int]:
+class Listing(NamedTuple):
+    """The revision's files as the Hub lists them: their sizes, and the digest it publishes for each
+    ("sha256:<hex>" for LFS files, "sha1:<hex>" the git blob id of the others; None: it gives none)."""
+
+    sizes: dict[str, int]
+    digests: dict[str, str | None]
+
+
+def remote_files(api, repo: str, revision: str, timeout: float | None = None) -> Listing:
     info = api.model_info(repo, revision=revision, files_metadata=True, timeout=timeout)
-    return {sibling.rfilename: int(sibling.size or 0) for sibling in info.siblings}
+    siblings = info.siblings or []
+    return Listing({sibling.rfilename: int(sibling.size or 0) for sibling in siblings},
+                   {sibling.rfilename: hub_digest(sibling) for sibling in siblings})
+
+
+def spoken(digest: str | None, error: str | None = None) -> str:
+    """A digest as the log lines say it: "sha256 <hex>", "git blob sha1 <hex>"."""
+    if digest is None:
+        return f"unreadable ({error or 'gone'})"
+    algo, hexdigest = split(digest)
+    return f"{NAMES[algo]} {hexdigest}"
 
 
 def verify(local_dir: Path, expected: dict[str, int]) -> list[str]:
@@ -267,6 +302,7 @@ class Fetch:
         self.counter.install()
         self.lock = None  # held until the process ends (a kill releases it too)
         self.expected: dict[str, int] = {}
+        self.digests: dict[str, str | None] = {}  # the Hub's digest of each file (None: it gives none)
         self.before: dict[str, int] = {}  # what was still to fetch when the download started
         self.need = 0
         self.started = time.monotonic()
@@ -283,7 +319,7 @@ class Fetch:
     def run(self) -> int:
         try:
             api = self.hub.HfApi(endpoint=self.args.endpoint, token=self.token)
-            self.expected = self.retrying(
+            self.expected, self.digests = self.retrying(
                 "list the files", lambda: remote_files(api, self.repo, self.revision, self.args.read_timeout))
             if self.local_dir.is_dir():
                 self.claim()
@@ -294,10 +330,10 @@ class Fetch:
             if self.lock is None:
                 self.claim()
             self.download()
+            return self.finish()
         except Failure as failure:
             self.report_failure(failure)
             return failure.code
-        return self.finish()
 
     def claim(self) -> None:
         """Take the dir's lock, then remove what a killed earlier run left (no live run holds the lock)."""
@@ -326,9 +362,16 @@ class Fetch:
             f"{probe} has {free / GB:.2f} GB free and {margin / GB:.2f} GB must stay free")
         return EXIT_DISK
 
-    def download(self) -> None:
-        self.before = still_to_fetch(self.local_dir, self.expected)
-        self.started = time.monotonic()
+    def download(self, again: list[str] | None = None) -> None:
+        """Fetch what is not on disk at its size; `again`: files to delete first and fetch again."""
+        if again:
+            for name in again:
+                (self.local_dir / name).unlink(missing_ok=True)
+            log(f"fetching {plural(len(again), 'file')} again: {', '.join(again)}")
+            self.before.update(still_to_fetch(self.local_dir, {name: self.expected[name] for name in again}))
+        else:
+            self.before = still_to_fetch(self.local_dir, self.expected)
+            self.started = time.monotonic()
         attempts: list[int] = []
 
         def once() -> None:
@@ -357,8 +400,12 @@ class Fetch:
         log(f"FAILED: {failure.message}")
 
     def finish(self) -> int:
-        """Verify every file, then write the marker (atomically): the deploy's proof that the revision is here."""
+        """Verify every file (sizes, then digests), then write the marker (atomically): the deploy's proof that
+        the revision is here."""
         problems = verify(self.local_dir, self.expected)
+        digests: dict[str, str] = {}
+        if not problems:
+            digests, problems = self.check_digests()
         if problems:
             for problem in problems:
                 log(f"VERIFY FAILED: {problem}")
@@ -367,6 +414,7 @@ class Fetch:
             "repo": self.repo,
             "revision": self.revision,
             "files": self.expected,
+            "digests": digests,
             "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         tmp = self.local_dir / (MARKER + ".tmp")
@@ -375,6 +423,41 @@ class Fetch:
         log(f"verified {len(self.expected)} files, {sum(self.expected.values())} bytes, "
             f"downloaded {self.need} bytes in {time.monotonic() - self.started:.1f} s")
         return 0
+
+
+    def check_digests(self) -> tuple[dict[str, str], list[str]]:
+        """Hash every file the Hub gives a digest for; one that does not match is deleted and fetched again,
+        then hashed again, at most --attempts rounds of hashing in all. (The digests verified, the problems.)"""
+        wanted = {name: digest for name, digest in self.digests.items() if digest}
+        todo, verified = dict(wanted), {}
+        hashed_bytes, seconds = 0, 0.0
+        for round_ in range(1, self.args.attempts + 1):
+            hashed = hash_files(self.local_dir, todo, log)
+            hashed_bytes, seconds = hashed_bytes + hashed.bytes, seconds + hashed.seconds
+            bad = hashed.mismatched(todo)
+            verified.update({name: digest for name, digest in todo.items() if name not in bad})
+            for name, got in bad.items():
+                log(f"DIGEST MISMATCH: {name}: {spoken(got, hashed.errors.get(name))} on disk, "
+                    f"the Hub says {spoken(wanted[name])}")
+            if not bad:
+                break
+            if round_ == self.args.attempts:
+                for name in bad:
+                    (self.local_dir / name).unlink(missing_ok=True)
+                return verified, [f"{name}: {spoken(got, hashed.errors.get(name))} on disk, the Hub says "
+                                  f"{spoken(wanted[name])}, after {plural(round_, 'round')} of hashing "
+                                  f"(--attempts); the file is deleted: a re-run fetches it again"
+                                  for name, got in bad.items()]
+            self.download(again=sorted(bad))
+            problems = verify(self.local_dir, self.expected)
+            if problems:
+                return verified, problems
+            todo = {name: wanted[name] for name in bad}
+        unchecked = len(self.expected) - len(wanted)
+        log(f"verified {plural(len(verified), 'file')} by digest (sha256 for LFS, git blob sha1 for the others), "
+            f"{hashed_bytes} bytes in {seconds:.1f} s"
+            + (f"; {plural(unchecked, 'file')} by size only (the Hub gives no digest)" if unchecked else ""))
+        return verified, []
 
 
 def main(argv: list[str] | None = None) -> int:

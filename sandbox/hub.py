@@ -39,7 +39,8 @@ faults file, `POST /_sandbox/faults`), as JSON:
        {"path": "*.safetensors", "status": 500, "times": 2, "methods": ["GET"]},
        {"path": "*", "status": 429, "retry_after": 1, "times": 3},
        {"path": "model-00001-of-00003.safetensors", "stall": 5, "after_bytes": 65536, "times": 1},
-       {"path": "config.json", "stall": "forever"}]}
+       {"path": "config.json", "stall": "forever"},
+       {"path": "model-00002-of-00003.safetensors", "corrupt": true, "times": 1}]}
 
 A rule's `path` is a glob (fnmatch, `*` crosses `/`) on the file's path in the
 repo for /resolve/ requests and on the URL path for /api/ ones; `kinds`
@@ -47,11 +48,16 @@ repo for /resolve/ requests and on the URL path for /api/ ones; `kinds`
 stall only applies to a GET's body) narrow it; `clients` (source addresses or networks, e.g. ["10.77.5.2"];
 default: every client) limits it to requests from those, so a test can fault
 its own host only while others share the hub; `times` is how many matching
-requests it answers (absent or null: all of them). A `status` rule answers
-that status in the Hub's error shape (JSON body, X-Error-Message; 429 with
-`Retry-After: N` when `retry_after` is given). A `stall` rule sends the
-headers and `after_bytes` body bytes, then nothing for `stall` seconds
-("forever": until the client goes away or the server stops), then the rest.
+requests it answers (absent or null: all of them). A rule has exactly one of
+`status`, `stall` and `corrupt`. A `status` rule answers that status in the
+Hub's error shape (JSON body, X-Error-Message; 429 with `Retry-After: N` when
+`retry_after` is given). A `stall` rule sends the headers and `after_bytes`
+body bytes, then nothing for `stall` seconds ("forever": until the client
+goes away or the server stops), then the rest. A `corrupt` rule (`"corrupt":
+true`; like a stall, a GET's body only) sends the body with the same length
+and headers but one byte changed (inverted): the byte at `after_bytes` of the
+body (default: its middle; past the end: the last one), so only a client that
+checks the content's digest notices; the request log marks it "corrupt".
 Wrong or missing tokens get 401 as described above.
 
 Byte accounting: `stats()` (also `GET /_sandbox/stats[?settle=S]`; `POST
@@ -213,7 +219,7 @@ class RequestRecord:
     seconds: float = 0.0  # set when the response is done
     complete: bool = True  # False while the body is going out, and when the connection dropped mid-body
     file: str | None = None  # the file's path in the repo, for /resolve/ requests
-    fault: str | None = None  # the fault that answered: "500", "429", ..., "stall"
+    fault: str | None = None  # the fault that answered: "500", "429", ..., "stall", "corrupt"
     started: float = 0.0  # time.monotonic() when the request arrived
     done: bool = False  # the handler has finished with it (bytes_sent is final)
 
@@ -222,7 +228,8 @@ class RequestRecord:
 # faults
 
 
-_RULE_KEYS = {"path", "kinds", "methods", "clients", "status", "retry_after", "stall", "after_bytes", "times"}
+_RULE_KEYS = {"path", "kinds", "methods", "clients", "status", "retry_after", "stall", "corrupt", "after_bytes",
+              "times"}
 _KINDS = ("resolve", "api")
 _Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 
@@ -262,8 +269,11 @@ class _Rule:
             raise ValueError(f"fault rule kinds must be among {_KINDS}, got {self.kinds}")
         self.status = spec.get("status")
         self.is_stall = "stall" in spec
-        if (self.status is None) == (not self.is_stall):
-            raise ValueError(f"a fault rule has exactly one of status and stall: {spec!r}")
+        self.is_corrupt = "corrupt" in spec
+        if [self.status is not None, self.is_stall, self.is_corrupt].count(True) != 1:
+            raise ValueError(f"a fault rule has exactly one of status, stall and corrupt: {spec!r}")
+        if self.is_corrupt and spec["corrupt"] is not True:
+            raise ValueError(f"corrupt is true (absent: no corruption), got {spec['corrupt']!r}")
         if self.status is not None and not (
             isinstance(self.status, int) and 400 <= self.status <= 599 and self.status in HTTPStatus._value2member_map_
         ):
@@ -278,8 +288,12 @@ class _Rule:
             self.stall = float(stall)
         else:
             raise ValueError(f'stall is seconds (>= 0) or "forever", got {stall!r}')
-        self.after_bytes = int(spec.get("after_bytes", 0))
-        default_methods = ("GET",) if self.is_stall else ("GET", "HEAD")
+        after = spec.get("after_bytes")
+        if after is not None and not (isinstance(after, int) and not isinstance(after, bool) and after >= 0):
+            raise ValueError(f"after_bytes is a non-negative int (bytes of the body), got {after!r}")
+        self.after_bytes: int | None = after  # None: 0 for a stall, the body's middle for a corruption
+        self.is_body = self.is_stall or self.is_corrupt  # acts on a GET's body, after the headers
+        default_methods = ("GET",) if self.is_body else ("GET", "HEAD")
         self.methods = tuple(m.upper() for m in (spec.get("methods") or default_methods))
         times = spec.get("times")
         if times is not None and not (isinstance(times, int) and times >= 0):
@@ -324,12 +338,12 @@ class _Faults:
         self.digest = digest
         self._lock = threading.Lock()
 
-    def take(self, kind: str, method: str, target: str, stall: bool, client: str = "") -> _Rule | None:
-        """The first rule (of the stall or of the status sort) that answers this request from `client`;
-        counts the use."""
+    def take(self, kind: str, method: str, target: str, body: bool, client: str = "") -> _Rule | None:
+        """The first rule of the body sort (stall, corrupt: body=True) or of the status sort that answers
+        this request from `client`; counts the use."""
         with self._lock:
             for rule in self.rules:
-                if rule.is_stall == stall and rule.matches(kind, method, target, client):
+                if rule.is_body == body and rule.matches(kind, method, target, client):
                     rule.hits += 1
                     return rule
         return None
@@ -449,7 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
             fault_kind = "api"
         self.hub._record(rec)  # logged now, updated live (bytes_sent grows while the body goes out)
         try:
-            rule = self.hub._faults.take(fault_kind, method, target, stall=False, client=rec.client) \
+            rule = self.hub._faults.take(fault_kind, method, target, body=False, client=rec.client) \
                 if fault_kind else None
             if rule is not None:
                 rec.fault = str(rule.status)
@@ -696,20 +710,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "HEAD" or length == 0:
             return
-        stall = self.hub._faults.take("resolve", method, f.path, stall=True, client=rec.client)
-        self._send_file(rec, f.disk, start, length, stall)
+        rule = self.hub._faults.take("resolve", method, f.path, body=True, client=rec.client)
+        self._send_file(rec, f.disk, start, length, rule)
 
-    def _send_file(self, rec: RequestRecord, disk: Path, offset: int, length: int, stall: _Rule | None = None) -> None:
+    def _send_file(self, rec: RequestRecord, disk: Path, offset: int, length: int, rule: _Rule | None = None) -> None:
         sock = self.connection
         rec.complete = False
         with open(disk, "rb") as fh:
-            if stall is not None:
+            if rule is not None and rule.is_stall:
                 rec.fault = "stall"
-                first = min(stall.after_bytes, length)
+                first = min(rule.after_bytes or 0, length)
                 self._send_chunks(rec, fh, offset, first)
-                self._stall(stall.stall)
+                self._stall(rule.stall)
                 offset, length = offset + first, length - first
-            if self.hub.throttle_bps:
+            if rule is not None and rule.is_corrupt:
+                rec.fault = "corrupt"
+                at = length // 2 if rule.after_bytes is None else min(rule.after_bytes, length - 1)
+                self._send_chunks(rec, fh, offset, length, flip=at)  # read + send: the bytes pass through here
+            elif self.hub.throttle_bps:
                 self._send_chunks(rec, fh, offset, length)
             else:
                 pos, remaining = offset, length
@@ -726,14 +744,18 @@ class _Handler(BaseHTTPRequestHandler):
                     rec.bytes_sent += n
         rec.complete = True
 
-    def _send_chunks(self, rec: RequestRecord, fh, offset: int, length: int) -> None:
-        """Send length bytes from offset with read + sendall, through the pacer when throttled."""
+    def _send_chunks(self, rec: RequestRecord, fh, offset: int, length: int, flip: int | None = None) -> None:
+        """Send length bytes from offset with read + sendall, through the pacer when throttled; `flip`: the
+        body byte (counted from offset) sent inverted."""
         fh.seek(offset)
         remaining = length
         while remaining > 0:
             chunk = fh.read(min(_CHUNK, remaining))
             if not chunk:
                 raise ConnectionAbortedError("file shrank while serving")
+            at = None if flip is None else flip - (length - remaining)
+            if at is not None and 0 <= at < len(chunk):
+                chunk = chunk[:at] + bytes([chunk[at] ^ 0xFF]) + chunk[at + 1:]
             self.hub._pacer.wait(len(chunk))
             self.connection.sendall(chunk)
             rec.bytes_sent += len(chunk)

@@ -41,7 +41,7 @@ FETCH_UNIT = "sglang-model-fetch.service"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
 LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
 # modules the script imports from its own directory, uploaded beside it
-FETCH_MODULES = ("hub_failures.py",)
+FETCH_MODULES = ("hub_failures.py", "file_digests.py")
 # remote/fetch_model.py's exit codes
 EXIT_MEANINGS = {
     1: "an error that is not retried",
@@ -54,7 +54,7 @@ EXIT_MEANINGS = {
 RUNNING = ("active", "activating", "deactivating", "reloading")
 UNIT_PROPS = "LoadState,ActiveState,Result,ExecMainCode,ExecMainStatus,InvocationID"
 # what the step shows of a successful run's journal: cleanup, retries (the script's and the library's), bytes, proof
-REPORTED = ("removed ", "attempt ", "huggingface_hub: ", "fetched ", "verified ")
+REPORTED = ("removed ", "attempt ", "huggingface_hub: ", "fetched ", "DIGEST MISMATCH:", "verified ")
 CAUSES = ("FAILED:", "VERIFY FAILED:", "REFUSED:")  # fetch_model's lines that say why it failed
 
 

@@ -58,12 +58,16 @@ def test_downloads_verifies_and_writes_the_marker(hub, tmp_path):
     proc = fetch(server, info, local_dir, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verified" in proc.stdout and TOKEN not in proc.stdout + proc.stderr
-    fetched_line, verified_line = proc.stdout.strip().splitlines()[-2:]  # what the deploy shows of the journal
+    # what the deploy shows of the journal
+    fetched_line, by_digest_line, verified_line = proc.stdout.strip().splitlines()[-3:]
     assert verified_line.startswith(f"verified {len(info.files)} files, {info.total_bytes} bytes, downloaded ")
+    assert by_digest_line.startswith(f"verified {len(info.files)} files by digest (sha256 for LFS, git blob sha1 "
+                                     f"for the others), {info.total_bytes} bytes in ")
     assert fetched_line.startswith(f"fetched {info.total_bytes} bytes of files (")
     marker = json.loads((local_dir / ".sglang-converge.json").read_text())
     assert marker["repo"] == REPO and marker["revision"] == info.commit
     assert marker["files"] == {path: size for path, size, _sha in info.files}
+    assert set(marker["digests"]) == set(marker["files"])
     for path, size, _sha in info.files:
         assert (local_dir / path).stat().st_size == size
 

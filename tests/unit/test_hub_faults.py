@@ -77,10 +77,19 @@ def test_malformed_faults_are_refused_and_change_nothing(model):
                     {"rules": [{"status": 500, "colour": "red"}]},
                     {"rules": [{"stall": -1}]},
                     {"rules": [{"status": 500, "kinds": ["web"]}]},
+                    {"rules": [{"corrupt": True, "status": 500}]},  # corrupt and another sort
+                    {"rules": [{"corrupt": True, "stall": 1}]},
+                    {"rules": [{"corrupt": False}]},  # corrupt is true or absent
+                    {"rules": [{"corrupt": "yes"}]},
+                    {"rules": [{"corrupt": True, "after_bytes": -1}]},
                     {"tokens": "x"}):
             with pytest.raises(ValueError):
                 hub.set_faults(bad)
         assert hub.faults()["rules"][0]["path"] == "x"
+        with pytest.raises(ValueError, match="exactly one of status, stall and corrupt"):
+            hub.set_faults({"rules": [{"path": "x"}]})
+        hub.set_faults({"rules": [{"path": "y", "corrupt": True, "after_bytes": 0, "times": 1}]})  # a good one
+        assert hub.faults()["rules"][0]["path"] == "y"
 
 
 def test_rules_and_the_token_can_be_scoped_to_client_addresses(model):
@@ -202,6 +211,38 @@ def test_stall_sends_headers_then_no_body_byte_for_the_stall(model):
         assert conn.getresponse().status == 200
     assert time.monotonic() - t1 < 3  # stopping the hub ends a stall that is still going on
     conn.close()
+
+
+def test_corrupt_sends_the_same_length_and_headers_with_one_byte_changed(model):
+    shard = model.shard_names[0]
+    data = (model.root / shard).read_bytes()
+    faults = {"rules": [{"path": shard, "corrupt": True, "after_bytes": 1000, "times": 1},
+                        {"path": "config.json", "corrupt": True, "times": 1},
+                        {"path": "tokenizer.json", "corrupt": True, "after_bytes": 10**9, "times": 1}]}
+    with HubServer({REPO: model}, ["127.0.0.1"], faults=faults) as hub:
+        base = f"{hub.url()}/{REPO}/resolve/{model.commit}"
+        _, clean_headers, _ = _get(f"{base}/{shard}", "HEAD")  # HEAD: not a body, not faulted
+        st, headers, body = _get(f"{base}/{shard}")
+        assert st == 200 and len(body) == len(data)
+        assert {k: v for k, v in headers.items() if k != "Date"} == {
+            k: v for k, v in clean_headers.items() if k != "Date"}
+        assert [i for i in range(len(data)) if body[i] != data[i]] == [1000] and body[1000] == data[1000] ^ 0xFF
+        assert _get(f"{base}/{shard}")[2] == data  # times: 1
+
+        config = (model.root / "config.json").read_bytes()  # default: the middle of the body
+        body = _get(f"{base}/config.json")[2]
+        assert [i for i in range(len(config)) if body[i] != config[i]] == [len(config) // 2]
+        tokenizer = (model.root / "tokenizer.json").read_bytes()  # past the end: the last byte
+        body = _get(f"{base}/tokenizer.json")[2]
+        assert len(body) == len(tokenizer) and body[:-1] == tokenizer[:-1] and body[-1] != tokenizer[-1]
+        assert [r.fault for r in hub.requests if r.method == "GET"] == ["corrupt", None, "corrupt", "corrupt"]
+        assert all(r.complete and r.status == 200 for r in hub.requests)
+
+        # a range (a resumed download): the offset counts from the body's first byte
+        hub.set_faults({"rules": [{"path": shard, "corrupt": True, "after_bytes": 5, "times": 1}]})
+        st, headers, body = _get(f"{base}/{shard}", headers={"Range": "bytes=100-199"})
+        assert st == 206 and headers["Content-Range"] == f"bytes 100-199/{len(data)}" and len(body) == 100
+        assert [i for i in range(100) if body[i] != data[100 + i]] == [5]
 
 
 def test_token_switch_at_run_time_answers_401_in_the_hubs_shape(hub, model):
