@@ -10,6 +10,15 @@ in ``wanted_stamp`` (and a reason line in ``restart_reasons``).
 
     reasons = restart_reasons(spec, render(spec))   # [] when it runs as wanted
     yield from stamp_written(stamp_path(spec), wanted_stamp(spec, rendered))
+
+A (re)start is announced first: the pending stamp (what the restart starts and
+the InvocationID it replaces) is written just before it and removed once the
+stamp is. A run cut off in between leaves it for the next run, which then
+tells a restart that systemd finished alone (record it, no second restart)
+from one that never reached the unit (restart).
+
+    yield from pending_written(spec, stamp, unit)    # before the restart
+    yield from stamp_recorded(spec, stamp)           # after it: the stamp, the announcement removed
 """
 
 from __future__ import annotations
@@ -59,6 +68,55 @@ def stamp_written(path: str, stamp: dict[str, Any]) -> Iterator[StringCommand | 
     yield StringCommand("install -d -m 700", STATE_DIR)  # stamps hold digests of secret files: root only
     yield FileUploadCommand(StringIO(text + "\n"), path + ".tmp")
     yield StringCommand("mv -f", QuoteString(path + ".tmp"), QuoteString(path))
+
+
+def pending_stamp_path(spec: Spec) -> str:
+    """Written just before a (re)start, removed once its stamp is: what that (re)start starts."""
+    return stamp_path(spec).removesuffix(".json") + ".pending.json"
+
+
+def pending_written(spec: Spec, stamp: dict[str, Any], unit: UnitState) -> Iterator[StringCommand | FileUploadCommand]:
+    """Before a (re)start: what it starts, and the invocation it replaces. A run cut off
+    during the restart (the restart goes on in systemd) leaves it for the next run."""
+    yield from stamp_written(pending_stamp_path(spec), {"stamp": stamp, "replaces": unit.invocation_id})
+
+
+def stamp_recorded(spec: Spec, stamp: dict[str, Any]) -> Iterator[StringCommand | FileUploadCommand]:
+    """After a (re)start, or for one a cut-off run made: the stamp, then the announcement removed."""
+    yield from stamp_written(stamp_path(spec), stamp)
+    yield StringCommand("rm -f", QuoteString(pending_stamp_path(spec)))
+
+
+def restarted_unrecorded(unit: UnitState, pending: dict, stamp: dict) -> bool:
+    """A run wrote ``pending`` (wanting what is wanted now) and was cut off; since then the
+    unit was started again (another InvocationID) and runs: it runs the wanted files,
+    which were on disk and loaded before the pending stamp was written.
+
+    >>> unit = UnitState("loaded", "active", "running", 9, "enabled", "", 0, "new", 1)
+    >>> restarted_unrecorded(unit, {"stamp": {"env": "e"}, "replaces": "old"}, {"env": "e"})
+    True
+    >>> restarted_unrecorded(unit, {"stamp": {"env": "e"}, "replaces": "new"}, {"env": "e"})  # not restarted yet
+    False
+    """
+    return (bool(pending) and pending.get("stamp") == stamp and unit.active_state == "active"
+            and bool(unit.invocation_id) and pending.get("replaces") != unit.invocation_id)
+
+
+def restart_cut_off(unit: UnitState, pending: dict, stamp: dict) -> bool:
+    """A run wrote ``pending`` (wanting what is wanted now) and was cut off before the
+    restart reached this unit: it still has the invocation that restart was to replace
+    (running it, or stopped and not started again).
+
+    >>> unit = UnitState("loaded", "active", "running", 9, "enabled", "", 0, "old", 1)
+    >>> restart_cut_off(unit, {"stamp": {"env": "e"}, "replaces": "old"}, {"env": "e"})
+    True
+    >>> restart_cut_off(unit, {"stamp": {"env": "e"}, "replaces": "older"}, {"env": "e"})  # restarted since
+    False
+    >>> restart_cut_off(unit, {"stamp": {"env": "f"}, "replaces": "old"}, {"env": "e"})  # other settings since
+    False
+    """
+    return (bool(pending) and pending.get("stamp") == stamp and bool(unit.invocation_id)
+            and pending.get("replaces") == unit.invocation_id)
 
 
 def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:

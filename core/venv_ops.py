@@ -59,14 +59,20 @@ def locked(path: str, command: str) -> str:
             f"rc=$?; [ $rc -ne {PIP_LOCK_TIMEOUT_RC} ] || echo {shlex.quote(why)} >&2; exit $rc")
 
 
-def _pip_locked(state, host, path: str, command: str, what: str) -> bool:
-    """FunctionCommand body: run ``command`` under the venv's pip lock, saying so when
-    another pip holds it; a failure is recorded with the line that explains it."""
+def say_if_locked(host, path: str, step: str) -> None:
+    """Before a ``locked`` pip: say so when another pip holds the venv's lock (the locked
+    command then waits for it), as ``step: another pip is changing PATH ...``."""
     free, _ = host.run_shell_command(StringCommand("flock -n", QuoteString(pip_lock(path)), "true"),
                                      print_output=False, print_input=False)
     if not free:
-        host.log(f"python env: another pip is changing {path} (left running by an interrupted run?): "
+        host.log(f"{step}: another pip is changing {path} (left running by an interrupted run?): "
                  f"waiting for it to finish (at most {PIP_LOCK_WAIT_S} s)", logger.warning)
+
+
+def _pip_locked(state, host, path: str, command: str, what: str) -> bool:
+    """FunctionCommand body: run ``command`` under the venv's pip lock, saying so when
+    another pip holds it; a failure is recorded with the line that explains it."""
+    say_if_locked(host, path, "python env")
     ok, output = host.run_shell_command(StringCommand(locked(path, command)), print_output=state.print_output,
                                         print_input=state.print_input)
     if not ok:

@@ -8,6 +8,11 @@ per-host ``nnodes`` / ``node_rank`` / ``dist_init_addr``) is all-or-nothing:
   the other ranks to exit; they ignore SIGTERM until then), then the others
   (SIGKILL after ``NONZERO_STOP_GRACE_S`` if they still run without rank 0),
   then every rank is started at once; they rendezvous at dist_init_addr.
+  A rank that crashed (failed, inactive, or brought back by systemd alone)
+  restarts the group as a changed config does. Each rank announces the restart
+  (core/stamps.py's pending stamp) before it and records it after: a run cut
+  off before the restart reached a rank restarts the group again, one cut off
+  after systemd finished it records it instead of restarting a second time.
 - readiness: judged at rank 0 (/health 200 and /v1/models lists the served
   name) while every other rank's unit must stay active. The first rank that
   fails fails the whole group, reported with that rank's journal lines (the
@@ -42,7 +47,16 @@ from core.ops import fail_command, plan, preparing, record_failure, report
 from core.render import Rendered, render
 from core.runstate import run_state
 from core.server import WAIT_SCRIPT, local_url, mark_restarted, restarted_this_run, server_args_accepted, server_files
-from core.stamps import restart_reasons, stamp_path, stamp_written, wanted_stamp
+from core.stamps import (
+    pending_stamp_path,
+    pending_written,
+    read_stamp,
+    restart_cut_off,
+    restart_reasons,
+    restarted_unrecorded,
+    stamp_recorded,
+    wanted_stamp,
+)
 from facts.http import HttpStatus
 from facts.systemd import SystemdUnitState
 from tasks.spec import Spec, host_spec, node_groups, validate_inventory
@@ -239,31 +253,52 @@ def _group_restart(state, host, spec: Spec) -> bool:
 
 
 def rank_restart_reasons(spec: Spec, rendered: Rendered) -> list[str]:
-    """restart_reasons(), plus a rank that crashed since it was started: SGLang's
-    TP group cannot take a single rank back, so systemd's restart of one rank
-    (Restart=on-failure) does not bring the group back; the group must restart."""
-    reasons = restart_reasons(spec, rendered)
+    """Why this rank must restart (with its group); empty when it runs as wanted."""
+    return _rank_decision(spec, rendered)[0]
+
+
+def _rank_decision(spec: Spec, rendered: Rendered) -> tuple[list[str], list[str]]:
+    """(why this rank must restart, the reasons a restart made by a cut-off run already answered).
+
+    restart_reasons() (a rank that is failed or inactive is one), plus a rank that crashed
+    since it was started: SGLang's TP group cannot take a single rank back, so systemd's
+    restart of one rank (Restart=on-failure) does not bring the group back. Then the pending
+    stamp (core/stamps.py): a restart announced by a run that was cut off either never
+    reached this rank (it has the invocation that restart was to replace: restart) or was
+    finished by systemd (another invocation runs the wanted config: record it, no restart).
+    """
     unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
+    reasons = restart_reasons(spec, rendered, unit)
+    pending = read_stamp(pending_stamp_path(spec))
+    wanted = wanted_stamp(spec, rendered)
     if unit.running and (unit.sub_state == "auto-restart" or unit.restarts > 0):
         reasons.insert(0, f"{spec.unit_name} crashed since it was started "
                           f"(systemd restarted it {unit.restarts} time(s), now {unit.sub_state})")
-    return reasons
+    elif reasons and restarted_unrecorded(unit, pending, wanted):
+        return [], reasons
+    if restart_cut_off(unit, pending, wanted):
+        reasons.append(f"the group restart announced by an earlier run ({pending_stamp_path(spec)}) was cut off "
+                       f"before it restarted this rank ({spec.unit_name} is still invocation "
+                       f"{unit.invocation_id[:12]}, {unit.active_state})")
+    return reasons, []
 
 
 @operation()
 def group_restarted(spec: Spec, rendered: Rendered):
     """
     (Re)start every rank of the node group when any rank must restart (what
-    it runs changed or it is not running): rank 0 stopped first, then the
-    others, then all started together; record what each was started with.
-    A no-op on every rank when no rank must restart.
+    it runs changed, it crashed or is not running, or a cut-off run's restart
+    never reached it): rank 0 stopped first, then the others, then all started
+    together; announce the restart before it and record what each was started
+    with after. A no-op on every rank when no rank must restart (a rank that a
+    cut-off run's restart left running the wanted config records it).
 
     .. code:: python
 
         group_restarted(spec=spec, rendered=render(spec))
     """
     label = spec.group_label
-    own = rank_restart_reasons(spec, rendered)
+    own, answered = _rank_decision(spec, rendered)
     if preparing():
         reasons = _planned_reasons(spec, own)
     else:
@@ -274,6 +309,15 @@ def group_restarted(spec: Spec, rendered: Rendered):
             yield fail_command(f"service: node group {label}: {e}: no rank is (re)started")
             return
     why = {name: r for name, r in reasons.items() if r}
+    stamp = wanted_stamp(spec, rendered)
+    if not why and answered:
+        message = (f"{spec.unit_name} (rank {spec.node_rank} of node group {label}) was restarted with the wanted "
+                   f"config by a run that ended before recording it ({'; '.join(answered)} since the last record); "
+                   "every rank runs as wanted: recorded, no restart")
+        plan(message)
+        report(f"service: {message}")
+        yield from stamp_recorded(spec, stamp)
+        return
     if not why:
         host.noop(f"{spec.unit_name} runs as wanted on every rank of node group {label}: no restart")
         return
@@ -285,9 +329,11 @@ def group_restarted(spec: Spec, rendered: Rendered):
                + "; ".join(parts))
     plan(message)
     report(f"service: {message}")
-    stamp = wanted_stamp(spec, rendered)
+    # announced before, recorded after (core/stamps.py): a run cut off in between leaves the
+    # announcement, and the next run restarts the group again or records what systemd finished
+    yield from pending_written(spec, stamp, unit)
     yield FunctionCommand(_group_restart, (spec,), {})
-    yield from stamp_written(stamp_path(spec), stamp)
+    yield from stamp_recorded(spec, stamp)
 
 
 # --- readiness -------------------------------------------------------------------

@@ -55,6 +55,7 @@ from facts.venv import ExactPins, VenvPackages, venv_python
 from core.disk import HUB, hub_failure
 from core.ops import explaining_line, fail_command, plan, record_failure, report
 from core.paths import CACHE_DIR
+from core.venv_ops import locked, say_if_locked
 from tasks.spec import COMPRESSED_TENSORS_FORMATS, Spec
 
 PACKAGE = "compressed-tensors"
@@ -354,9 +355,13 @@ def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[s
     _run(host, f"install -d -m 755 {CACHE_DIR} && printf %s {text} > {constraints}")
     held = ", ".join(constraints_lines) or "nothing"
     host.log(f"quant deps: pip install {requirement} because {because} (constraints: {held})", logger.warning)
-    ok, out = _run(host, f"{pip} install --upgrade -c {constraints} {shlex.quote(requirement)} 2>&1")
+    # under the venv's pip lock, like every pip that changes the venv (core/venv_ops.py): a pip
+    # left running by an interrupted run finishes first, the two never install at the same time
+    say_if_locked(host, venv, "quant deps")
+    ok, out = _run(host, locked(venv, f"{pip} install --upgrade -c {constraints} {shlex.quote(requirement)} 2>&1"))
     if not ok:
-        tail = [line for line in out.stdout_lines if line.strip()][-6:]
+        # pip's own lines (2>&1), then the lock's timeout line (stderr, outside the lock)
+        tail = [line for line in out.stdout_lines + out.stderr_lines if line.strip()][-6:]
         return _fatal(state, host, f"quant deps: pip install {requirement} failed: {explaining_line(tail)}", tail)
     _ok, after = _run(host, f"{pip} check 2>&1")
     fatal = _new_conflicts(host, before, after, allow, because)

@@ -13,7 +13,15 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, ope
 from core.ops import plan, record_failure, report
 from core.render import Rendered, render
 from core.server import mark_restarted, server_args_accepted, server_files
-from core.stamps import read_stamp, restart_reasons, stamp_path, stamp_written, wanted_stamp
+from core.stamps import (
+    pending_stamp_path,
+    pending_written,
+    read_stamp,
+    restart_reasons,
+    restarted_unrecorded,
+    stamp_recorded,
+    wanted_stamp,
+)
 from facts.systemd import SystemdUnitState, UnitState
 from tasks.spec import Spec
 
@@ -40,26 +48,6 @@ def crash_reasons(unit_name: str, unit: UnitState) -> list[str]:
     return []
 
 
-def pending_stamp_path(spec: Spec) -> str:
-    """Written just before a (re)start, removed once its stamp is: what that (re)start starts."""
-    return stamp_path(spec).removesuffix(".json") + ".pending.json"
-
-
-def restarted_unrecorded(unit: UnitState, pending: dict, stamp: dict) -> bool:
-    """A run wrote ``pending`` (wanting what is wanted now) and was cut off; since then the
-    unit was started again (another InvocationID) and runs: it runs the wanted files,
-    which were on disk and loaded before the pending stamp was written.
-
-    >>> unit = UnitState("loaded", "active", "running", 9, "enabled", "", 0, "new", 1)
-    >>> restarted_unrecorded(unit, {"stamp": {"env": "e"}, "replaces": "old"}, {"env": "e"})
-    True
-    >>> restarted_unrecorded(unit, {"stamp": {"env": "e"}, "replaces": "new"}, {"env": "e"})  # not restarted yet
-    False
-    """
-    return (bool(pending) and pending.get("stamp") == stamp and unit.active_state == "active"
-            and bool(unit.invocation_id) and pending.get("replaces") != unit.invocation_id)
-
-
 @operation()
 def server_restarted(spec: Spec, rendered: Rendered):
     """
@@ -82,14 +70,13 @@ def server_restarted(spec: Spec, rendered: Rendered):
         host.noop(f"{spec.unit_name} runs as wanted: no restart")
         return
     stamp = wanted_stamp(spec, rendered)
-    pending = pending_stamp_path(spec)
-    if restarted_unrecorded(unit, read_stamp(pending), stamp) and not crash_reasons(spec.unit_name, unit):
+    pending = read_stamp(pending_stamp_path(spec))
+    if restarted_unrecorded(unit, pending, stamp) and not crash_reasons(spec.unit_name, unit):
         message = (f"{spec.unit_name} was restarted with the wanted config by a run that ended before "
                    f"recording it ({'; '.join(reasons)} since the last record): recorded, no restart")
         plan(message)
         report(f"service: {message}")
-        yield from stamp_written(stamp_path(spec), stamp)
-        yield StringCommand("rm -f", QuoteString(pending))
+        yield from stamp_recorded(spec, stamp)
         return
     verb = "restart" if unit.running else "start"
     plan(f"{verb} {spec.unit_name}: " + "; ".join(reasons))
@@ -97,10 +84,9 @@ def server_restarted(spec: Spec, rendered: Rendered):
     yield StringCommand("systemctl reset-failed", QuoteString(spec.unit_name), "2>/dev/null; true")
     # what the restart starts, and the invocation it replaces: a run cut off during the restart
     # (the restart goes on in systemd) leaves it for the next run, which then need not restart again
-    yield from stamp_written(pending, {"stamp": stamp, "replaces": unit.invocation_id})
+    yield from pending_written(spec, stamp, unit)
     yield FunctionCommand(_restart, (spec.unit_name,), {})
-    yield from stamp_written(stamp_path(spec), stamp)
-    yield StringCommand("rm -f", QuoteString(pending))
+    yield from stamp_recorded(spec, stamp)
 
 
 @deploy("Service")

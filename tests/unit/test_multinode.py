@@ -362,12 +362,14 @@ def group_spec(name: str):
     return S.build_spec(name, data, environ={}, addresses=addresses).resolve(compute_cap="12.0", p2p_ok=True)
 
 
-def rank_facts(spec, stamp: str | None, sub_state="running", restarts=0, health=200):
-    unit = UnitState(load_state="loaded", active_state="active", sub_state=sub_state, main_pid=812,
+def rank_facts(spec, stamp: str | None, sub_state="running", restarts=0, health=200, active="active",
+               invocation="x", pending: str | None = None):
+    unit = UnitState(load_state="loaded", active_state=active, sub_state=sub_state, main_pid=812,
                      unit_file_state="enabled", fragment_path=spec.unit_path, restarts=restarts,
-                     invocation_id="x", started_monotonic_us=1)
+                     invocation_id=invocation, started_monotonic_us=1)
     return {"systemd.SystemdUnitState": {f"unit={spec.unit_name}": unit},
-            "files.FileText": {f"path={stamps.stamp_path(spec)}": stamp},
+            "files.FileText": {f"path={stamps.stamp_path(spec)}": stamp,
+                               f"path={stamps.pending_stamp_path(spec)}": pending},
             "venv.VenvPackages": {"path=/opt/sglang/venv": {"sglang": "0.5.23"}},
             "model_dir.ModelDirState": {"path=/srv/models/tiny": ModelDir({"revision": REVISION}, {}, 0)},
             "http.HttpStatus": {"url=http://127.0.0.1:30000/health": health}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import runpy
 from pathlib import Path
+from types import SimpleNamespace
 from unittest.mock import patch
 
 import pytest
@@ -13,12 +14,15 @@ from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
+from facts.compressed_tensors import CompressedTensors
 from facts.gpu import Gpu
 from facts.model_dir import ModelDir
 from facts.ports import PortHolder
 from facts.systemd import UnitState
-from core import checks, disk as disk_check
+from core import checks, disk as disk_check, venv_ops
 from core.render import packages_digest, render, systemd_quote
+from core.paths import CACHE_DIR
+from core.runstate import run_state
 from core.stamps import restart_reasons, stamp_path
 from tasks import model, preflight, quant_deps, service
 from tasks.spec import build_spec
@@ -298,6 +302,80 @@ def test_a_model_without_compressed_tensors_needs_nothing():
     host, commands = run(quant_deps.compression_format_supported,
                          quant_facts({"quantization_config": {"quant_method": "fp8"}}, CT_0_8_1), spec=sandbox_spec())
     assert commands == [] and host.noop_description == "the model does not use compressed-tensors"
+
+
+
+class ShellHost:
+    """A host for a FunctionCommand body: its shell commands recorded and answered by
+    ``script(command) -> (ok, stdout lines, stderr lines)``; facts from ``facts`` by class name."""
+
+    name = "sgc1"
+
+    def __init__(self, script, facts=None):
+        self.script, self.facts = script, facts or {}
+        self.commands: list[str] = []
+        self.logs: list[str] = []
+
+    def run_shell_command(self, command, **kwargs):
+        self.commands.append(command.get_raw_value())
+        ok, out, err = self.script(self.commands[-1])
+        return ok, SimpleNamespace(stdout_lines=out, stderr_lines=err, stdout="\n".join(out))
+
+    def get_fact(self, fact, **kwargs):
+        return self.facts[fact.__name__]
+
+    def log(self, message, log_func=None):
+        self.logs.append(message)
+
+    def log_styled(self, message, log_func=None, **kwargs):
+        self.logs.append(message)
+
+
+def upgrade_command():
+    _host, (upgrade,) = run(quant_deps.compression_format_supported, quant_facts(KIMI_INT4, CT_0_8_1),
+                            spec=sandbox_spec())
+    return upgrade
+
+
+LOCK = "/opt/sglang/venv/.sgc-pip.lock"
+
+
+def test_the_compressed_tensors_upgrade_runs_under_the_venvs_pip_lock():
+    upgrade = upgrade_command()
+    lock_held = lambda command: (not command.startswith("flock -n"), [], [])  # noqa: E731 - another pip holds it
+    host = ShellHost(lock_held, {"CompressionFormats": CompressedTensors(**CT_0_18_0)})
+    assert upgrade.function(FakeState(), host, *upgrade.args) is True
+    installs = [c for c in host.commands if " install --upgrade " in c]
+    assert len(installs) == 1
+    # the same lock, taken the same way, as python_env's pip (core/venv_ops.locked)
+    assert installs[0].startswith(f"flock -w {venv_ops.PIP_LOCK_WAIT_S} -E {venv_ops.PIP_LOCK_TIMEOUT_RC} {LOCK} sh -c ")
+    assert installs[0] == venv_ops.locked("/opt/sglang/venv", (
+        "/opt/sglang/venv/bin/python -m pip --disable-pip-version-check install --upgrade "
+        f"-c {CACHE_DIR}/hold-constraints.txt compressed-tensors==0.18.0 2>&1"))
+    # the lock is looked at first, and a held one is said: the upgrade waits for the other pip
+    assert host.commands.index(f"flock -n {LOCK} true") < host.commands.index(installs[0])
+    assert any(line.startswith("quant deps: another pip is changing /opt/sglang/venv") for line in host.logs)
+    # pip check only reads the venv: not under the lock
+    assert [c for c in host.commands if c.endswith(" check 2>&1")] and not any(
+        c.startswith("flock -w") for c in host.commands if c.endswith(" check 2>&1"))
+
+
+def test_a_pip_lock_that_stays_held_fails_the_upgrade_naming_the_lock():
+    upgrade = upgrade_command()
+    timed_out = f"timed out after 1800 s waiting for {LOCK}: another pip has been changing /opt/sglang/venv all that time"
+
+    def script(command):
+        if command.startswith("flock -w"):
+            return False, [], [timed_out]  # flock -E 75, its line on stderr
+        return not command.startswith("flock -n"), [], []
+
+    state = FakeState()
+    host = ShellHost(script, {"CompressionFormats": CompressedTensors(**CT_0_18_0)})
+    assert upgrade.function(state, host, *upgrade.args) is False
+    failure_ = run_state(state).first_failure("sgc1")
+    assert failure_ is not None and failure_.cause == (
+        f"quant deps: pip install compressed-tensors==0.18.0 failed: {timed_out}")
+    assert host.commands[-1].startswith("flock -w")  # nothing ran after the install that did not
 
 
 # --- service ----------------------------------------------------------------------
