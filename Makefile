@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_TOOLS := systemd-container mmdebstrap iptables openssh-client gcc libc6-dev
+APT_TOOLS := systemd-container mmdebstrap iptables openssh-client gcc libc6-dev curl
 HOSTS ?= 1
 KEEP ?= 0
 

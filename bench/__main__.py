@@ -6,7 +6,12 @@
 (b) delay between the server becoming ready (or failing) and the deploy
     reporting it, against the reference incident's hand-written loop
     (every 10 s: `systemctl is-active`, then curl), run on the host at the
-    same time as the deploy's readiness step.
+    same time as the deploy's readiness step;
+(c) bench/rollout.py: the rolling rollout's overhead per host;
+(d) bench/transfer.py: the model download against curl, its content
+    verification against sha256sum.
+
+Every figure also goes to bench/results/latest.json (bench/results.py).
 
 Absolute seconds depend on the machine; the ratios are the result. Nothing
 here is asserted: tests assert behaviour, benchmarks measure.
@@ -24,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.results import RESULTS, record, start
 from sandbox import hosts as sandbox_api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
+    start()  # bench/results/latest.json: this run's figures only
     try:
         host = sandbox_api.up(indexes=[INDEX])[0]
         print(f"bench: converging {HOST} (simulated GPUs) ...", flush=True)
@@ -123,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         a = noop_rerun(host, args.repeats)
         print(f"(a) no-op re-run: deploy {a['deploy_s']:.2f} s vs {a['commands']} x `ssh host true` "
               f"{a['ssh_s']:.2f} s  -> ratio {a['deploy_s'] / a['ssh_s']:.2f}")
+        record({"noop_s": a["deploy_s"], "noop_fact_commands": a["commands"], "ssh_true_x_commands_s": a["ssh_s"]})
         for outcome in ("ready", "fail"):
             delays = [report_delay(host, outcome) for _ in range(args.repeats)]
             deploy = statistics.median(d["deploy_delay_s"] for d in delays)
@@ -130,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"(b) report delay after the server {'became ready' if outcome == 'ready' else 'failed'}: "
                   f"deploy {deploy:.2f} s vs 10 s poll loop {base:.2f} s -> ratio {deploy / base:.3f} "
                   f"(median of {args.repeats})")
+            record({"ready_report_s" if outcome == "ready" else "crash_report_s": deploy,
+                    "poll_loop_ready_report_s" if outcome == "ready" else "poll_loop_crash_report_s": base})
             pyinfra("deploy.py")  # back to a ready server
     finally:
         if not args.keep:
@@ -140,5 +150,9 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     from bench.rollout import main as rollout_bench  # (c) the rolling rollout's overhead per host
+    from bench.transfer import main as transfer_bench  # (d) download and verification against curl, sha256sum
 
-    sys.exit(code or rollout_bench([]))
+    code = code or rollout_bench([])
+    transfer_bench([])
+    print(f"bench: figures in {RESULTS.relative_to(ROOT)}")
+    sys.exit(code)

@@ -28,6 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.results import record
 from sandbox import hosts as sandbox_api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['rollout_overhead_per_host_s']:.2f} s vs per-host deploy {r['baseline_overhead_per_host_s']:.2f} s "
               f"-> ratio {r['rollout_overhead_per_host_s'] / r['baseline_overhead_per_host_s']:.2f} "
               f"(first converge of the fleet: {r['converge_s']:.0f} s)", flush=True)
+        record({key: r[key] for key in ("rollout_overhead_per_host_s", "baseline_overhead_per_host_s")}
+               | {"rollout_overhead_over_per_host_deploys":
+                  r["rollout_overhead_per_host_s"] / r["baseline_overhead_per_host_s"]})
     finally:
         if not args.keep:
             for index in INDEXES:
