@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +76,68 @@ def remove_host(host) -> None:
     from sandbox import hosts as sandbox_api
 
     sandbox_api.remove(host.name)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2):
+    """predicate()'s first truthy value; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+    return value
+
+
+class BackgroundDeploy:
+    """`pyinfra -y --limit HOST inventory/sandbox.py ARGS` in its own process group, its output read
+    as it comes: a test times a fault against a line, kills the controller, or waits for the end."""
+
+    def __init__(self, *args: str, limit: str, env: dict | None = None):
+        argv = [sys.executable, "-m", "pyinfra", "-y", "--limit", limit, "inventory/sandbox.py", *args]
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 300) -> str:
+        """The first output line with ``text``; AssertionError when the run ends or the time is up first."""
+        def found() -> str | None:
+            return next((line for line in list(self.lines) if text in line), None)
+
+        wait_until(lambda: found() or self.proc.poll() is not None, timeout, f"{text!r} in the output")
+        self._reader.join(timeout=5 if self.proc.poll() is not None else 0)
+        line = found()
+        if line is None:
+            raise AssertionError(f"the run ended without printing {text!r}:\n{self.out[-4000:]}")
+        return line
+
+    def finish(self, timeout: float = 400) -> subprocess.CompletedProcess:
+        """Wait for the end (killed after ``timeout`` s, an AssertionError); .out, .seconds, .returncode."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the deploy did not end within {timeout:.0f} s:\n{self.out[-4000:]}") from None
+        self._reader.join(timeout=10)
+        done = subprocess.CompletedProcess(self.proc.args, rc, self.out, "")
+        done.out = self.out  # type: ignore[attr-defined]
+        done.seconds = time.monotonic() - self.t0  # type: ignore[attr-defined]
+        return done
+
+    def kill(self) -> None:
+        """The operator's laptop dies: SIGKILL to pyinfra's whole process group."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._reader.join(timeout=10)

@@ -22,14 +22,10 @@ end; when a CI run removes every host meanwhile, run the module again.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from huggingface_hub import HfApi
@@ -40,7 +36,8 @@ from sandbox import hosts as sandbox_api
 from sandbox import hubd
 from sandbox.hub import HubServer
 from sandbox.tinymodel import ModelInfo, generate
-from tests.integration.helpers import ROOT, boot_extra_host, grand_total, pyinfra, remove_host
+from tests.integration.helpers import (BackgroundDeploy, boot_extra_host, grand_total, pyinfra, remove_host,
+                                       wait_until)
 
 pytestmark = pytest.mark.sandbox
 
@@ -96,50 +93,10 @@ def deploy(bed: Bed, endpoint: str | None = None, what: str = "") -> subprocess.
     return proc
 
 
-class Background:
-    """A deploy whose output is read as it comes (to time a fault against it)."""
-
-    def __init__(self, bed: Bed):
-        argv = [sys.executable, "-m", "pyinfra", "-y", "--limit", bed.host.name, "inventory/sandbox.py",
-                "tests/integration/steps_deploy.py", "--data", f"hf_endpoint={bed.hub.url()}"]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "SGC_STEPS": STEPS}, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def out(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float) -> None:
-        wait_until(lambda: text in self.out or self.proc.poll() is not None, timeout, repr(text))
-        assert text in self.out, f"the run ended without {text!r}:\n{self.out[-4000:]}"
-
-    def finish(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"the deploy did not end within {timeout:.0f} s:\n{self.out[-4000:]}") from None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-def wait_until(cond: Callable[[], object], timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
-    return value
+def background_deploy(bed: Bed) -> BackgroundDeploy:
+    """The steps deploy against this module's hub, its output read as it comes."""
+    return BackgroundDeploy("tests/integration/steps_deploy.py", "--data", f"hf_endpoint={bed.hub.url()}",
+                            limit=bed.host.name, env={"SGC_STEPS": STEPS})
 
 
 # --------------------------------------------------------------------------- the host's state
@@ -246,7 +203,7 @@ def test_a_killed_download_fails_naming_sigkill_then_converges_fetching_only_wha
     run = None
     try:
         t0 = time.monotonic()
-        run = Background(bed)
+        run = background_deploy(bed)
         run.wait_for("model: downloading in sglang-model-fetch.service", timeout=300)  # python_env first
         FIGURES["first run to the download"] = time.monotonic() - t0
         others = set(bed.sizes) - {stalled}
@@ -254,7 +211,7 @@ def test_a_killed_download_fails_naming_sigkill_then_converges_fetching_only_wha
         assert fetch_processes(bed), "the download runs"  # positive control of fetch_processes()
         in_flight = {name: size for name, size in bed.sizes.items() if name not in complete_files(bed)}
         bed.host.run(f"systemctl kill -s KILL {FETCH_UNIT}")
-        rc = run.finish(timeout=60)
+        rc = run.finish(timeout=60).returncode
         show("download killed", run.out)
     finally:
         if run:
@@ -291,7 +248,7 @@ def test_a_reboot_mid_download_fails_the_run_then_a_rerun_converges(bed):
     bed.hub.throttle_bps = 4_000_000  # ~10 s for the 40 MB: the reboot lands mid-download
     run = None
     try:
-        run = Background(bed)
+        run = background_deploy(bed)
         run.wait_for("model: downloading in sglang-model-fetch.service", timeout=120)
         boot = boot_id(bed)
         assert fetch_processes(bed), "the download runs"
@@ -300,7 +257,7 @@ def test_a_reboot_mid_download_fails_the_run_then_a_rerun_converges(bed):
         FIGURES["reboot"] = time.monotonic() - t0
         assert boot_id(bed) != boot  # it did reboot (the same check finds the same id without one:)
         assert boot_id(bed) == boot_id(bed)
-        rc = run.finish(timeout=120)
+        rc = run.finish(timeout=120).returncode
         show("reboot mid-download", run.out)
     finally:
         if run:

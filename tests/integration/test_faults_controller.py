@@ -26,19 +26,16 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shlex
-import signal
 import subprocess
-import sys
-import threading
 import time
 import uuid
 
 import pytest
 
 from tests.integration.fleet_helpers import sandbox_group_value
-from tests.integration.helpers import ROOT, boot_extra_host, grand_total, pyinfra, remove_host
+from tests.integration.helpers import (BackgroundDeploy, boot_extra_host, grand_total, pyinfra, remove_host,
+                                       wait_until)
 
 pytestmark = pytest.mark.sandbox
 
@@ -81,66 +78,10 @@ def settings(tmp_path_factory):
 # --------------------------------------------------------------------------- helpers
 
 
-def wait_until(predicate, timeout: float, what: str, every: float = 0.3):
-    """predicate()'s first truthy value; AssertionError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
-
-
-class Controller:
+def controller_run(host, settings) -> BackgroundDeploy:
     """`pyinfra deploy.py` in its own process group; its output read as it comes."""
-
-    def __init__(self, host, settings):
-        argv = [sys.executable, "-m", "pyinfra", "-y", "--limit", host.name, "inventory/sandbox.py", "deploy.py",
-                "--group-data", str(settings)]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYINFRA_PROGRESS": "off"},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def wait_for_line(self, text: str, timeout: float = 300) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            self.lines.append(line)
-            if text in line:
-                return line
-        raise AssertionError(f"no line with {text!r} within {timeout:.0f} s:\n{self.output[-3000:]}")
-
-    def kill(self) -> None:
-        """The operator's laptop dies: SIGKILL to pyinfra's whole process group."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.finish(timeout=30)
-
-    def finish(self, timeout: float = 120) -> int:
-        """Wait until the controller ended; its output read to the end."""
-        rc = self.proc.wait(timeout=timeout)
-        while (line := self._queue.get(timeout=10)) is not None:
-            self.lines.append(line)
-        return rc
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
+    return BackgroundDeploy("deploy.py", "--group-data", str(settings), limit=host.name,
+                            env={"PYINFRA_PROGRESS": "off"})
 
 
 def guest_pips(host, marker: str) -> list[int]:
@@ -158,16 +99,16 @@ def drop_ssh(host) -> None:
     host.run(script)
 
 
-def pull_the_plug(host, controller: Controller, how: str) -> None:
+def pull_the_plug(host, controller: BackgroundDeploy, how: str) -> None:
     if how == "killed":
         controller.kill()
     else:
         drop_ssh(host)
-        controller.finish()  # the controller notices and ends by itself
-        assert controller.proc.returncode != 0, controller.output[-3000:]
+        controller.finish(timeout=120)  # the controller notices and ends by itself
+        assert controller.proc.returncode != 0, controller.out[-3000:]
 
 
-def during_pip(host, controller: Controller, marker: str, how: str) -> list[int]:
+def during_pip(host, controller: BackgroundDeploy, marker: str, how: str) -> list[int]:
     """Freeze the guest's pip (``marker`` in its command line) once it runs, pull the plug,
     let the pip go on: it is still running, the next run has to wait for it."""
     pids = wait_until(lambda: guest_pips(host, marker), 600, f"a pip with {marker!r} on {host.name}", every=0.2)
@@ -290,8 +231,8 @@ def test_controller_killed_during_the_pinned_install(host, settings):
     """The first run on a fresh host dies while pip installs torch & co.: the pip goes on,
     holding the venv's lock; the next run waits for it, then converges."""
     started = time.monotonic()
-    controller = Controller(host, settings)
-    controller.wait_for_line("Starting operation: Python environment | pinned packages", timeout=300)
+    controller = controller_run(host, settings)
+    controller.wait_for("Starting operation: Python environment | pinned packages", timeout=300)
     wait_until(lambda: host.run(f"test -d {VENV}/lib/python3.11/site-packages/torch", check=False).returncode == 0,
                600, "pip to be installing torch")
     controller.kill()
@@ -307,9 +248,9 @@ def test_ssh_dropped_during_the_pinned_install(host, settings):
     back: the server keeps serving, the next run converges without a restart."""
     host.run(f"{PIP} uninstall -q -y pyyaml tqdm zstandard")
     before = props(host)
-    controller = Controller(host, settings)
+    controller = controller_run(host, settings)
     during_pip(host, controller, "install", "dropped")
-    assert "pinned packages" in controller.output
+    assert "pinned packages" in controller.out
     assert props(host)["InvocationID"] == before["InvocationID"] and serving(host)
     converges_then_is_a_no_op(host, "(a) dropped", settings)
     assert props(host)["InvocationID"] == before["InvocationID"]  # same versions again: no restart
@@ -326,11 +267,11 @@ def test_fault_during_the_compressed_tensors_upgrade(host, settings, how):
     run installs it, the server keeps running (same versions in the end: no restart)."""
     host.run(f"{PIP} uninstall -q -y compressed-tensors")
     before = props(host)
-    controller = Controller(host, settings)
+    controller = controller_run(host, settings)
     started = time.monotonic()
     during_pip(host, controller, "compressed-tensors", how)
     TIMINGS[f"(b) {how}: fault"] = time.monotonic() - started
-    assert "quant deps: pip install compressed-tensors" in controller.output, controller.output[-3000:]
+    assert "quant deps: pip install compressed-tensors" in controller.out, controller.out[-3000:]
     wait_until(lambda: not guest_pips(host, ""), 120, "the orphaned pip to end")
     assert venv_check(host)["half_installed"] == []
     assert props(host)["InvocationID"] == before["InvocationID"] and serving(host)
@@ -351,8 +292,8 @@ def test_fault_during_a_restart(host, settings, how):
     value = restart_due(settings, how)
     before = props(host)
     generation_in_flight(host)
-    controller = Controller(host, settings)
-    controller.wait_for_line(f"service: restart {UNIT}", timeout=300)
+    controller = controller_run(host, settings)
+    controller.wait_for(f"service: restart {UNIT}", timeout=300)
     wait_until(lambda: props(host)["ActiveState"] == "deactivating", 30, "the old server to drain")
     started = time.monotonic()
     pull_the_plug(host, controller, how)

@@ -22,12 +22,9 @@ import os
 import re
 import secrets
 import shlex
-import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -37,7 +34,8 @@ from sandbox import hosts as sandbox_hosts_api
 from sandbox import hubd
 from sandbox.hub import HubServer
 from sandbox.tinymodel import ModelInfo, generate
-from tests.integration.helpers import ROOT, boot_extra_host, grand_total, pyinfra, remove_host
+from tests.integration.helpers import (BackgroundDeploy, boot_extra_host, grand_total, pyinfra, remove_host,
+                                       wait_until)
 
 pytestmark = pytest.mark.sandbox
 
@@ -145,57 +143,9 @@ def deploy(bed: Bed, what: str, token: str | None = None, timeout: float = 400) 
     return proc
 
 
-class Background:
+def background_deploy(bed: Bed, token: str | None = None) -> BackgroundDeploy:
     """A deploy run in the background whose output is read as it comes (for faults timed against it)."""
-
-    def __init__(self, bed: Bed, token: str | None = None):
-        argv = [sys.executable, "-m", "pyinfra", "-y", "--limit", bed.host.name, "inventory/sandbox.py", *_argv(bed)]
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **_env(token)}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def out(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for_line(self, text: str, timeout: float) -> None:
-        wait_until(lambda: text in self.out or self.proc.poll() is not None, timeout, f"{text!r} in the output")
-        if text not in self.out:
-            raise AssertionError(f"the run ended without printing {text!r}:\n{self.out[-4000:]}")
-
-    def finish(self, timeout: float = 400) -> subprocess.CompletedProcess:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise AssertionError(f"the deploy did not end within {timeout:.0f} s:\n{self.out[-4000:]}") from None
-        self._reader.join(timeout=10)
-        done = subprocess.CompletedProcess(self.proc.args, rc, self.out, "")
-        done.out = self.out  # type: ignore[attr-defined]
-        done.seconds = time.monotonic() - self.t0  # type: ignore[attr-defined]
-        return done
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+    return BackgroundDeploy(*_argv(bed), limit=bed.host.name, env=_env(token))
 
 
 @contextmanager
@@ -461,9 +411,9 @@ def test_a_wrong_token_fails_clearly_and_is_never_written_down(bed):
                 "rules": [{"path": "*", "kinds": ["api"], "status": 429, "retry_after": TOKEN_HOLD_S, "times": 1,
                            "clients": [bed.client]}]}
         with hub_faults(bed, spec):
-            bg = Background(bed, token=wrong)
+            bg = background_deploy(bed, token=wrong)
             try:
-                bg.wait_for_line("model: downloading in", timeout=120)
+                bg.wait_for("model: downloading in", timeout=120)
                 wait_until(lambda: _fetch_pid(bed) > 0, 10, "the download's process")
                 wait_until(lambda: any(r.status == 429 for r in bed.hub.requests if r.client == bed.client),
                            30, "the download's first request")
@@ -557,9 +507,9 @@ def test_the_disk_filling_up_during_the_download_fails_cleanly_then_converges(be
         bed.hub.reset_log()
         bed.hub.throttle_bps = 8_000_000  # ~5 s for the model: time to fill the disk under it
         try:
-            bg = Background(bed)
+            bg = background_deploy(bed)
             try:
-                bg.wait_for_line("model: downloading in", timeout=120)
+                bg.wait_for("model: downloading in", timeout=120)
                 # once some of it landed, another writer takes all the free space
                 wait_until(lambda: bed.hub.stats()["clients"].get(bed.client, {}).get("file_bytes", 0) > 8_000_000,
                            30, "8 MB of the download")
