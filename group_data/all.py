@@ -45,6 +45,8 @@ extra_server_args = []    # SGLang flags appended after the model profile's
 unit_name = "sglang.service"            # systemd unit (ends .service)
 server_module = "sglang.launch_server"  # run as `venv/bin/python -m <server_module>`
 readiness_timeout_s = 3600  # seconds to wait for /health 200 (big models load for tens of minutes)
+rollback_on_failure = True  # a restart that fails readiness puts the last good config back (files; not
+                            # packages or model revision), restarts it, and still fails the run ("rolled back:")
 
 # --- stale GPU processes on our GPUs
 stale_policy = "stop"     # "stop" them, "fail" the deploy, or "ignore" them

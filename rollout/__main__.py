@@ -1,5 +1,6 @@
 """python -m rollout INVENTORY --batch-size N [--canary 1] [--max-failed 0] [--dry] [--limit ...]
 python -m rollout INVENTORY --status [--limit ...]
+python -m rollout INVENTORY --rollback [--batch-size N] [--limit ...]
 
 Rolls deploy.py over the inventory's hosts: router hosts first, then the
 servers in inventory order - the canary batch, then batches of N - each batch
@@ -7,6 +8,9 @@ ready before the next starts; stops after the batch in which more than
 --max-failed hosts have failed (an unreachable host counts). Before any host
 changes, every server's preflight (GPUs, driver, disk, port) is gathered and
 every host that cannot take the model, or cannot be reached, is reported (exit 2).
+
+--rollback rolls rollback.py instead, the same way: each server's previous
+good configuration put back (tasks/rollback.py), out of its router and back.
 
 --status changes nothing: per host the unit, whether it serves, the model
 revision on disk, drift (why the next deploy would restart it) and its place
@@ -47,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group-data", action="append", default=[], metavar="DIR",
                         help="another group_data directory (its files override), like pyinfra's --group-data")
     parser.add_argument("--deploy", default="deploy.py", help="the deploy file (default deploy.py)")
+    parser.add_argument("--rollback", action="store_true",
+                        help="put each server's previous good configuration back (rollback.py), batch by batch")
     parser.add_argument("--no-preflight", action="store_true", help="skip the fleet preflight")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings, errors and the summary")
     return parser.parse_args(argv)
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         if value < 1:
             print(f"rollout: {name} must be >= {1 if name == '--batch-size' else 0}", file=sys.stderr)
             return 2
+    if args.rollback and (args.deploy != "deploy.py" or args.status):
+        print("rollout: --rollback runs rollback.py: not with --deploy or --status", file=sys.stderr)
+        return 2
     data = {}
     for item in args.data:
         key, sep, value = item.partition("=")
@@ -92,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     driver = Driver(
         args.inventory, batch_size=args.batch_size, canary=args.canary, max_failed=args.max_failed,
         dry=args.dry, diff=args.diff, limit=args.limit, data=data, group_data=args.group_data,
-        deploy_file=args.deploy, preflight=not args.no_preflight,
+        deploy_file="rollback.py" if args.rollback else args.deploy, preflight=not args.no_preflight,
     )
     try:
         if args.status:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import FunctionCommand, deploy, operation
 
+from core.last_good import rollback_source
 from core.ops import fail_command, plan, preparing, stream
 from core.render import render
 from core.router_api import auth_file_written, client_command, register_workers, workers_of
@@ -30,12 +31,13 @@ def _drain(state, host, python: str, router_url: str, worker_url: str, local: st
 
 
 @operation()
-def worker_drained(spec: Spec):
+def worker_drained(spec: Spec, rolling_back: bool = False):
     """
     Before the deploy restarts a server that is in its router: remove it from
     the router (DELETE /workers/{id}) and wait until the server itself has no
     request running or waiting (/v1/loads), at most ``drain_timeout_s``.
-    Nothing when no restart is planned (the service step's own reasons).
+    Nothing when no restart is planned (the service step's own reasons, or
+    with ``rolling_back`` a kept configuration to put back: rollback.py).
 
     .. code:: python
 
@@ -44,7 +46,7 @@ def worker_drained(spec: Spec):
     if spec.router_url is None or spec.worker_url is None:
         host.noop("not behind a router (router_url is None)")
         return
-    if not restart_reasons(spec, render(spec)):
+    if not (rollback_source(spec)[0] if rolling_back else restart_reasons(spec, render(spec))):
         host.noop("no restart planned: stays in the router")
         return
     listed = host.get_fact(RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
@@ -94,6 +96,15 @@ def drain(spec: Spec) -> None:
     server_args_accepted(spec=spec, rendered=render(spec), name="SGLang parser accepts the command line (before drain)")
     auth_file_written(spec)  # the key for the router's /workers API, as curl and router_client.py read it
     worker_drained(spec=spec, name=f"{spec.worker_url} out of the router before a restart")
+
+
+@deploy("Router: drain before the rollback")
+def drain_for_rollback(spec: Spec) -> None:
+    """Out of the router before rollback.py restarts the server with its previous good configuration."""
+    if spec.router_url is None:
+        return
+    auth_file_written(spec)
+    worker_drained(spec=spec, rolling_back=True, name=f"{spec.worker_url} out of the router before the rollback")
 
 
 @deploy("Router: register")

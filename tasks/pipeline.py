@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks import membership, model, multinode, preflight, python_env, quant_deps, readiness, router, service
+from tasks import membership, model, multinode, preflight, python_env, quant_deps, readiness, rollback, router, service
 from tasks import gpu_balance, stale_gpu
 from tasks.spec import RouterSpec, Spec
 
@@ -37,6 +37,16 @@ SERVER_PIPELINE: tuple[Step, ...] = (
 _GROUP_STEPS: dict[Step, Step] = {service.service: multinode.group_service,
                                    readiness.readiness: multinode.group_readiness}
 GROUP_PIPELINE: tuple[Step, ...] = tuple(_GROUP_STEPS.get(step, step) for step in SERVER_PIPELINE)
+
+
+# rollback.py: a server's previous good configuration back (tasks/rollback.py), behind its router
+ROLLBACK_PIPELINE: tuple[Step, ...] = (
+    membership.drain_for_rollback,  # out of its router before the restart
+    rollback.rollback,  # the previous good files and stamp back, restarted
+    readiness.readiness,  # serves again (or fails, rolled forward to the last good one)
+    membership.register,  # back in its router
+    readiness.time_to_ready,  # for the rollout's summary
+)
 
 
 def pipeline_for(spec: Spec | RouterSpec) -> tuple[Step, ...]:

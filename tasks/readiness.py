@@ -3,7 +3,9 @@
 On the host (no firewall between the deploy and the port): the unit must stay
 active, /health must answer 200 and /v1/models must list the served name. A
 failing unit is reported within a second with the journal lines that explain
-it. A server already ready, with nothing changed, is a no-op. A multi-node TP
+it; a restart of this run that fails is rolled back to the last good
+configuration (core/last_good.py), which is kept once a configuration serves.
+A server already ready, with nothing changed, is a no-op. A multi-node TP
 group is judged as one, at rank 0 (tasks/multinode.py). Once ready, the time
 from the (re)start to ready is kept on the run state for the rollout's summary.
 """
@@ -15,11 +17,12 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from core.ops import plan, stream
+from core.last_good import last_good_dir, last_good_stamp_path, last_good_written, ready_or_rolled_back
+from core.ops import plan, preparing
 from core.render import render
 from core.runstate import run_state
 from core.server import WAIT_SCRIPT, local_url, restarted_this_run
-from core.stamps import restart_reasons
+from core.stamps import read_stamp, restart_reasons, stamp_path
 from facts.http import HttpStatus
 from facts.systemd import SystemdUnitState
 from tasks.spec import Spec
@@ -52,7 +55,29 @@ def server_ready(spec: Spec):
     if spec.server_options:
         args += ["--options-file", spec.options_path]
     command = " ".join(shlex.quote(arg) for arg in args)
-    yield FunctionCommand(stream, (command, int(spec.readiness_timeout_s) + 60), {"step": "readiness"})
+    # a restart of this run that fails is rolled back to the last good configuration (core/last_good.py)
+    yield FunctionCommand(ready_or_rolled_back, (command, int(spec.readiness_timeout_s) + 60, spec), {})
+
+
+@operation()
+def last_good_recorded(spec: Spec):
+    """
+    Keep the configuration that serves (the readiness step just passed) as the
+    last good one: its unit, env and options files and restart stamp, copied
+    into a root-only dir of the state dir. A restart that fails readiness
+    rolls back to it (core/last_good.py). A no-op when it is kept already.
+
+    .. code:: python
+
+        last_good_recorded(spec=spec)
+    """
+    kept = read_stamp(last_good_stamp_path(spec))
+    if preparing() and restart_reasons(spec, render(spec)):
+        plan(f"keep the new configuration as the last good one ({last_good_dir(spec)}) once it serves")
+    elif kept and kept == read_stamp(stamp_path(spec)):
+        host.noop(f"the configuration {spec.unit_name} serves is kept as the last good one")
+        return
+    yield from last_good_written(spec)
 
 
 _ELAPSED_PY = (
@@ -100,6 +125,7 @@ def ready_recorded(spec: Spec):
 def readiness(spec: Spec) -> None:
     """The server is ready, or the deploy fails with the reason."""
     server_ready(spec=spec, name=f"{spec.unit_name} ready")
+    last_good_recorded(spec=spec, name="last good configuration kept")
 
 
 @deploy("Time to ready")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictBool, StrictStr, field_validator, model_validator
 
 from core.paths import MODELS_ROOT
 from tasks.spec.base import CommonSettings
@@ -155,6 +155,9 @@ class HostSettings(CommonSettings):
         "sglang.launch_server", description="dotted Python module run with 'python -m'"
     )
     readiness_timeout_s: Number = Field(3600.0, gt=0, description="seconds, a number > 0")
+    rollback_on_failure: StrictBool = Field(
+        True, description="True or False: put the last good configuration back when a restart fails readiness"
+    )
     stale_policy: Literal["stop", "fail", "ignore"] = Field("stop", description="'stop', 'fail' or 'ignore'")
     stale_grace_s: Number = Field(30.0, ge=0, description="seconds between SIGTERM and SIGKILL, >= 0")
     protect_units: UnitNames = Field(default_factory=list, description="systemd unit names never touched")

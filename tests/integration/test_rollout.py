@@ -1,7 +1,8 @@
 """python -m rollout on a sandbox fleet (sgc10 router, sgc11..sgc14 servers):
 a fleet preflight that changes nothing, a rolling rollout in batches of 2
 after a canary, a no-op rollout that restarts nothing, and a failing canary
-that stops the rollout with the other hosts untouched."""
+that stops the rollout (rolled back) with the other hosts untouched, and a
+rollback on demand behind the router."""
 
 import json
 import re
@@ -157,19 +158,52 @@ def test_failing_canary_stops_the_rollout_and_leaves_the_others_untouched(hosts,
     try:
         assert proc.returncode == 1, proc.out[-5000:]
         rows = summary(proc.out)
+        # the canary failed and was rolled back: its last good configuration serves again
         assert rows["sgc11"]["result"] == "failed", rows
-        assert "invalid device ordinal" in rows["sgc11"]["error"], rows
+        assert rows["sgc11"]["error"].startswith("rolled back: ") and "invalid device ordinal" in proc.out, rows
         assert "stopped after batch canary" in proc.out
         assert "not touched: sgc12, sgc13, sgc14" in proc.out
         for name in SERVERS[1:]:
             assert rows[name]["result"] == "not run", rows
             assert hosts[name].run("cat /etc/systemd/system/sglang.service").stdout == units[name]
             assert started_us(hosts[name]) == started[name]
-        assert "--base-gpu-id 7" in hosts["sgc11"].run("cat /etc/systemd/system/sglang.service").stdout
+        assert hosts["sgc11"].run("cat /etc/systemd/system/sglang.service").stdout == units["sgc11"]
+        assert hosts["sgc11"].run("curl -s -o /dev/null -w '%{http_code}' localhost:30000/health").stdout == "200"
+        assert started_us(hosts["sgc11"]) != started["sgc11"]  # restarted twice: the broken config, then the good
         workers = json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]
         urls = sorted(w["url"] for w in workers)
-        # drained, not put back broken; the untouched servers are still there (positive control)
+        # drained, not put back (the run failed); the untouched servers are still there (positive control)
         assert urls == [f"http://10.77.{i}.2:30000" for i in (12, 13, 14)], urls
     finally:
         healed = rollout("--limit", "sgc11", "--group-data", rolled_folder)
         assert healed.returncode == 0, healed.out[-5000:]
+
+
+def test_rollback_on_demand_puts_the_previous_good_configuration_back_behind_the_router(hosts, rolled):
+    """After the rolling rollout (a new extra_env), `--rollback` puts one server's previous good
+    configuration back (the one before the rollout), out of the router and back in; a second
+    `--rollback` puts the rollout's back (the kept configurations swap); nothing else moves."""
+    name, env = "sgc12", "/etc/sglang/sglang.env"
+    kept = "/var/lib/sglang-converge/last-good"
+    rolled_env, previous_env = (hosts[name].run(f"cat {path}").stdout for path in (env, f"{kept}/sglang.previous/env"))
+    assert "SGC_ROLLOUT" in rolled_env and "SGC_ROLLOUT" not in previous_env  # positive control: they differ
+    others = {n: started_us(hosts[n]) for n in SERVERS if n != name}
+    for want in (previous_env, rolled_env):
+        before = started_us(hosts[name])
+        started = time.monotonic()
+        proc = rollout("--rollback", "--limit", name)
+        TIMINGS.setdefault("rollback on demand", time.monotonic() - started)
+        assert proc.returncode == 0, proc.out[-5000:]
+        assert "rollback: put back the configuration that served as of " in proc.out, proc.out[-5000:]
+        rows = summary(proc.out)
+        assert (rows[name]["result"], rows[name]["restarted"]) == ("ok", "yes"), rows
+        assert "out of the router before the rollback" in proc.out
+        assert hosts[name].run(f"cat {env}").stdout == want
+        assert started_us(hosts[name]) > before
+        assert hosts[name].run("curl -s -o /dev/null -w '%{http_code}' localhost:30000/health").stdout == "200"
+        workers = json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]
+        assert "http://10.77.12.2:30000" in [w["url"] for w in workers if w["is_healthy"]], workers
+    assert {n: started_us(hosts[n]) for n in others} == others
+    # the rollout's configuration serves again: a rollout of its settings changes nothing
+    again = rollout("--limit", name, "--group-data", rolled[0])
+    assert again.returncode == 0 and summary(again.out)[name]["changed"] == "no", again.out[-5000:]

@@ -34,7 +34,7 @@ FIRST_RUN_SAYS = {
 # readiness waits (1) only if the server the service step started is still loading
 MANY = range(1, 1000)
 FIRST_RUN_CHANGES = {"preflight": range(0, 1), "python_env": MANY, "model": MANY, "quant_deps": MANY,
-                     "stale_gpu": MANY, "service": MANY, "readiness": range(0, 2),
+                     "stale_gpu": MANY, "service": MANY, "readiness": range(1, 3),  # (wait +) last good kept
                      "gpu_balance": range(0, 1)}  # a check: changes nothing
 
 
@@ -101,6 +101,39 @@ def test_the_converged_host_serves(fresh_host):
     assert FIRST_RUN_SAYS["readiness"] in proc.out, proc.out
     assert fresh_host.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
     assert '"id":"tiny"' in fresh_host.run("curl -s http://127.0.0.1:30000/v1/models").stdout.replace(" ", "")
+
+
+def serves(host) -> bool:
+    return (host.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
+            and '"id":"tiny"' in host.run("curl -s http://127.0.0.1:30000/v1/models").stdout.replace(" ", ""))
+
+
+def test_a_change_that_crashes_at_start_is_rolled_back_and_the_last_good_config_serves(fresh_host, tmp_path):
+    """A flag SGLang's parser accepts but the server cannot start with (GPUs 7..14 of 8): the
+    deploy puts the last good files back, restarts them, sees them serve, and fails the run
+    saying so; the same change again fails the same way without leaving the host down; the
+    good settings afterwards change nothing."""
+    unit = "/etc/systemd/system/sglang.service"
+    good_unit = fresh_host.run(f"cat {unit}").stdout
+    kept = fresh_host.run("ls /var/lib/sglang-converge/last-good/sglang; "
+                          "stat -c '%a' /var/lib/sglang-converge/last-good/sglang").stdout.split()
+    assert kept == ["env", "options", "recorded_at", "stamp.json", "unit", "700"], kept
+    (tmp_path / "sandbox.py").write_text('extra_server_args = ["--base-gpu-id", "7"]\n')
+    for attempt in (1, 2):
+        before = unit_props(fresh_host, "sglang.service")["InvocationID"]
+        proc = pyinfra("deploy.py", "--group-data", str(tmp_path), limit=fresh_host.name)
+        assert proc.returncode != 0, proc.out[-4000:]
+        assert "restart sglang.service: unit file changed" in proc.out, (attempt, proc.out[-4000:])
+        assert "invalid device ordinal" in proc.out  # the journal line of the failed start
+        assert "readiness: rolled back: sglang.service serves the last good configuration again" in proc.out
+        # the host: the good unit back, a new process of it serving, the stamp saying what runs
+        assert fresh_host.run(f"cat {unit}").stdout == good_unit, attempt
+        assert "--base-gpu-id" not in fresh_host.run(f"cat {unit}").stdout
+        assert unit_props(fresh_host, "sglang.service")["InvocationID"] != before
+        assert serves(fresh_host), attempt
+    again = pyinfra("deploy.py", limit=fresh_host.name)
+    assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
+    assert "sglang.service runs as wanted: no restart" in again.out
 
 
 def test_a_failing_server_is_reported_fast_with_the_journal_line(fresh_host, tmp_path):

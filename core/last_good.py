@@ -1,0 +1,194 @@
+"""The last good configuration of a server, and the automatic rollback to it.
+
+Once a configuration has been seen serving (the readiness step passed), its
+unit, env and options files and its restart stamp (core/stamps.py: the files'
+digests, the venv's packages, the model revision) are copied into a root-only
+directory of the state dir, ``last-good/<unit stem>/``:
+
+    yield from last_good_written(spec)            # after readiness passed
+
+When a restart of this run fails readiness (crash at start, load failure,
+timeout) and ``rollback_on_failure`` is on, the readiness step puts those
+files back, restarts the unit, waits until it serves again, and still fails
+the run, with ``rolled back: <cause>``: the operator's change did not go in.
+Only files are rolled back: when the venv's packages or the model revision
+differ from the last good ones, the files alone would not bring that
+configuration back, so nothing is rolled back and the run says why.
+
+    FunctionCommand(ready_or_rolled_back, (wait_command, timeout, spec), {})
+
+A multi-node TP group is not rolled back (its ranks restart together; a
+rollback of one rank alone would not serve).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from pyinfra import host as current_host, logger
+from pyinfra.api import QuoteString, StringCommand
+
+from core.ops import stream
+from core.paths import STATE_DIR
+from core.runstate import Failure, run_state
+from core.stamps import pending_stamp_path, read_stamp, stamp_path
+from facts.files import FileText
+
+if TYPE_CHECKING:
+    from tasks.spec import Spec
+
+STEP = "readiness"
+FILES = ("unit", "env", "options")  # what a configuration is, besides its stamp
+
+
+def last_good_dir(spec: Spec) -> str:
+    """The newest configuration seen serving (what a failed restart rolls back to)."""
+    return f"{STATE_DIR}/last-good/{spec.unit_stem}"
+
+
+def previous_good_dir(spec: Spec) -> str:
+    """The one that served before it (what `rollback.py` / `python -m rollout --rollback` puts back)."""
+    return f"{STATE_DIR}/last-good/{spec.unit_stem}.previous"
+
+
+def last_good_stamp_path(spec: Spec) -> str:
+    return f"{last_good_dir(spec)}/stamp.json"
+
+
+def _paths(spec: Spec) -> dict[str, str]:
+    return {"unit": spec.unit_path, "env": spec.env_path, "options": spec.options_path}
+
+
+def last_good_written(spec: Spec) -> list[StringCommand]:
+    """Copy the running configuration (files + stamp) into the last-good dir, root-only; the one
+    kept there before becomes the previous good one (each dir is complete or absent: a new dir
+    renamed into place)."""
+    target = last_good_dir(spec)
+    copies = "; ".join(f'if [ -f {shlex.quote(path)} ]; then cp -p {shlex.quote(path)} "$t/{name}"; fi'
+                       for name, path in _paths(spec).items())
+    script = (f"set -e; umask 077; d={shlex.quote(target)}; t=\"$d.new\"; rm -rf \"$t\"; "
+              f"install -d -m 700 {shlex.quote(STATE_DIR)} {shlex.quote(STATE_DIR + '/last-good')} \"$t\"; "
+              f"{copies}; cp -p {shlex.quote(stamp_path(spec))} \"$t/stamp.json\"; "
+              "date -u +%Y-%m-%dT%H:%M:%SZ > \"$t/recorded_at\"; "
+              f"p={shlex.quote(previous_good_dir(spec))}; "
+              "if [ -d \"$d\" ]; then rm -rf \"$p\"; mv \"$d\" \"$p\"; fi; mv \"$t\" \"$d\"")
+    return [StringCommand("sh", "-c", QuoteString(script))]
+
+
+def restore_script(spec: Spec, kept_dir: str | None = None) -> str:
+    """Put a kept configuration's files and stamp back (default: the last good one), then restart
+    the unit (a fresh start: reset-failed first)."""
+    source = shlex.quote(kept_dir or last_good_dir(spec))
+    unit = shlex.quote(spec.unit_name)
+    copies = "; ".join(f"if [ -f {source}/{name} ]; then cp -p {source}/{name} {shlex.quote(path)}; fi"
+                       for name, path in _paths(spec).items())
+    return (f"set -e; {copies}; cp -p {source}/stamp.json {shlex.quote(stamp_path(spec))}; "
+            f"rm -f {shlex.quote(pending_stamp_path(spec))}; systemctl daemon-reload; "
+            f"systemctl reset-failed {unit} 2>/dev/null || true; systemctl restart {unit}")
+
+
+def _read_json(host, path: str) -> dict[str, Any]:
+    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(path), "2>/dev/null"),
+                                        print_output=False, print_input=False)
+    try:
+        found = json.loads("\n".join(output.stdout_lines)) if ok else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def same_files(kept: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Two stamps of the same unit, env and options files."""
+    return all(kept.get(name) == current.get(name) for name in FILES)
+
+
+def why_not_rolled_back(spec: Spec, last_good: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why the last good configuration cannot be put back by its files alone (None: it can)."""
+    if not last_good:
+        return (f"no last good configuration is recorded ({last_good_dir(spec)}: one is recorded once a "
+                "configuration serves)")
+    if same_files(last_good, current):
+        return "the configuration that failed is the last good one (its files did not change)"
+    return not_by_files_alone(last_good, current)
+
+
+def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a kept configuration's files alone would not bring it back (None: they would)."""
+    if last_good.get("packages") != current.get("packages"):
+        before, now = last_good.get("package_versions", {}), current.get("package_versions", {})
+        changed = [f"{name} {before.get(name, '-')} -> {now.get(name, '-')}"
+                   for name in sorted(set(before) | set(now)) if before.get(name) != now.get(name)]
+        return (f"the venv's packages changed since it served ({', '.join(changed[:4]) or 'the package list'}): "
+                "its files alone would not bring it back")
+    if last_good.get("model_revision") != current.get("model_revision"):
+        return (f"the model revision changed since it served ({str(last_good.get('model_revision'))[:12]} -> "
+                f"{str(current.get('model_revision'))[:12]}): its files alone would not bring it back")
+    return None
+
+
+def _say(host, line: str) -> None:
+    host.log_styled(line, fg="red", log_func=logger.error)
+
+
+def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec) -> bool:
+    """FunctionCommand body of the readiness step: wait until ready (core/ops.stream). When the
+    server this run (re)started fails, put the last good configuration back (when allowed and
+    possible), wait until it serves, and fail with ``rolled back: <cause>``."""
+    if stream(state, host, command, timeout, step=STEP):
+        return True
+    run = run_state(state)
+    if not spec.rollback_on_failure or host.name not in run.restarted:
+        return False
+    failures = run.failures.setdefault(host.name, [])
+    if not failures:
+        failures.append(Failure(STEP, f"{spec.unit_name} is not ready"))
+    failure = failures[-1]
+    last_good = _read_json(host, last_good_stamp_path(spec))
+    why_not = why_not_rolled_back(spec, last_good, _read_json(host, stamp_path(spec)))
+    if why_not:
+        _say(host, f"readiness: not rolled back: {why_not}")
+        return False
+    recorded = _read_text(host, f"{last_good_dir(spec)}/recorded_at")
+    _say(host, f"readiness: rolling back to the last good configuration (serving as of {recorded or '?'}): "
+               f"{spec.unit_name} restarts with it")
+    ok, output = host.run_shell_command(StringCommand("sh", "-c", QuoteString(restore_script(spec))),
+                                        print_output=False, print_input=False)
+    if not ok:
+        lines = list(output.stderr_lines) + list(output.stdout_lines)
+        failures[-1] = Failure(STEP, f"rollback failed: {lines[-1] if lines else 'restore script failed'} "
+                                     f"(after {failure.cause})", failure.detail + tuple(lines))
+        _say(host, f"readiness: {failures[-1].cause}")
+        return False
+    if not stream(state, host, command, timeout, step=STEP):
+        again = failures.pop()
+        failures[-1] = Failure(STEP, f"rollback failed: the last good configuration does not serve either "
+                                     f"({again.cause}); first: {failure.cause}", failure.detail + again.detail)
+        _say(host, f"readiness: {failures[-1].cause}")
+        return False
+    failures[-1] = Failure(STEP, f"rolled back: {failure.cause}", failure.detail)
+    _say(host, f"readiness: rolled back: {spec.unit_name} serves the last good configuration again; the new one "
+               f"failed: {failure.cause}")
+    return False
+
+
+def _read_text(host, path: str) -> str:
+    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(path), "2>/dev/null"),
+                                        print_output=False, print_input=False)
+    return "\n".join(output.stdout_lines).strip() if ok else ""
+
+
+def rollback_source(spec: Spec) -> tuple[str | None, str]:
+    """(the kept dir to restore, what it is) or (None, why there is none)."""
+    current = read_stamp(stamp_path(spec))
+    for kept_dir in (last_good_dir(spec), previous_good_dir(spec)):
+        kept = read_stamp(f"{kept_dir}/stamp.json")
+        if kept and not same_files(kept, current):
+            why_not = not_by_files_alone(kept, current)
+            if why_not:
+                return None, f"the kept configuration in {kept_dir} cannot be put back: {why_not}"
+            recorded = (current_host.get_fact(FileText, path=f"{kept_dir}/recorded_at") or "?").strip()
+            return kept_dir, f"the configuration that served as of {recorded} ({kept_dir})"
+    return None, (f"no earlier good configuration is kept for {spec.unit_name} ({last_good_dir(spec)}, "
+                  f"{previous_good_dir(spec)}: one is kept each time a new configuration serves)")
