@@ -8,6 +8,10 @@ once per run from the controller; the host's side from its facts.
     need = disk_need(repo, revision, local_dir, margin_bytes)
     if need and need.short: fail(need.shortfall())
 
+A model profile with a draft model pins two downloads (``pins(spec)``: the
+model, then the draft into its own dir); their needs are checked together
+(``shortfall(needs)``: downloads on one filesystem add up, its margin counted once).
+
 When the Hub cannot say (a revision or repo it does not have, a refused
 token, a Hub that stays unreachable), ``hub_files`` raises ``HubError`` with
 one line that names the repo, the revision and what to do; transient
@@ -18,7 +22,9 @@ failures (HTTP 408, 429, 5xx, connection errors, timeouts) are retried first,
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pyinfra import host
 
@@ -161,6 +167,7 @@ class DiskNeed:
     where: str  # the existing parent the free bytes were measured at
     margin: int  # bytes that must stay free (size_margin_gb)
     expected: dict[str, int] = field(default_factory=dict, compare=False, hash=False)  # the Hub's files and sizes
+    mount: str = ""  # the filesystem's mount point: downloads on one filesystem share its free bytes
 
     @property
     def short(self) -> bool:
@@ -185,7 +192,52 @@ def disk_need(repo: str, revision: str, local_dir: str, margin_bytes: int,
     space = host.get_fact(FreeBytes, path=local_dir)
     return DiskNeed(repo=repo, revision=revision, files=len(expected), need=bytes_to_fetch(expected, state),
                     total=sum(expected.values()), free=space.free_bytes if space else 0,
-                    where=space.path if space else local_dir, margin=margin_bytes, expected=expected)
+                    where=space.path if space else local_dir, margin=margin_bytes, expected=expected,
+                    mount=space.mount if space else local_dir)
+
+
+def shortfall(needs: Sequence[DiskNeed]) -> str | None:
+    """Why downloads do not fit together (None: they do). Those on one filesystem (the same mount) add up
+    and keep its margin free once; a download alone says what DiskNeed.shortfall says.
+
+    .. code:: python
+
+        problem = shortfall([model_need, draft_need])   # the model and its draft model
+    """
+    by_mount: dict[str, list[DiskNeed]] = {}
+    for one in needs:
+        by_mount.setdefault(one.mount or one.where, []).append(one)
+    for together in by_mount.values():
+        first = together[0]
+        if len(together) == 1:
+            if first.short:
+                return first.shortfall()
+            continue
+        need = sum(n.need for n in together)
+        if need > first.free - first.margin:
+            names = " and ".join(f"{n.repo}@{n.revision[:12]}" for n in together)
+            parts = " + ".join(f"{gb(n.need)} for {n.repo}" for n in together)
+            return (f"not enough disk for {names} together: need {gb(need)} more ({parts}; of "
+                    f"{gb(sum(n.total for n in together))}), {first.where} has {gb(first.free)} free and "
+                    f"{gb(first.margin)} must stay free (size_margin_gb); nothing was downloaded")
+    return None
+
+
+class Pin(NamedTuple):
+    """One pinned download of a spec: what it is ("model" or "draft"), the repo, the revision, the dir."""
+
+    what: str
+    repo: str
+    revision: str
+    local_dir: str
+
+
+def pins(spec: Spec) -> list[Pin]:
+    """The downloads a spec pins, in the order the model step fetches them: the model, then its draft model."""
+    out = [Pin("model", spec.profile.repo, spec.profile.revision, spec.model_dir)]
+    if spec.draft is not None and spec.draft_dir is not None:
+        out.append(Pin("draft", spec.draft.repo, spec.draft.revision, spec.draft_dir))
+    return out
 
 
 def hf_token(spec: Spec) -> str | None:
@@ -193,11 +245,16 @@ def hf_token(spec: Spec) -> str | None:
 
 
 def disk_shortfall(spec: Spec) -> str | None:
-    """Why the model's remaining bytes do not fit on the host's disk, or why the Hub cannot say how many
-    there are (HubError's line: a revision it does not have, a refused token, ...); None when they fit."""
+    """Why the model's (and its draft model's) remaining bytes do not fit on the host's disk, or why the Hub
+    cannot say how many there are (HubError's line: a revision it does not have, a refused token, ...);
+    None when they fit."""
+    needs = []
     try:
-        need = disk_need(spec.profile.repo, spec.profile.revision, spec.model_dir, spec.margin_bytes,
-                         spec.hf_endpoint, hf_token(spec))
+        for pin in pins(spec):
+            need = disk_need(pin.repo, pin.revision, pin.local_dir, spec.margin_bytes, spec.hf_endpoint,
+                             hf_token(spec))
+            if need is not None:
+                needs.append(need)
     except HubError as err:
         return str(err)
-    return need.shortfall() if need and need.short else None
+    return shortfall(needs)

@@ -125,6 +125,9 @@ def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any]) -> st
     if last_good.get("model_revision") != current.get("model_revision"):
         return (f"the model revision changed since it served ({str(last_good.get('model_revision'))[:12]} -> "
                 f"{str(current.get('model_revision'))[:12]}): its files alone would not bring it back")
+    if last_good.get("draft_revision") != current.get("draft_revision"):
+        return (f"the draft model's revision changed since it served ({str(last_good.get('draft_revision'))[:12]} "
+                f"-> {str(current.get('draft_revision'))[:12]}): its files alone would not bring it back")
     return None
 
 

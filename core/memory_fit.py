@@ -9,6 +9,8 @@ Kimi K2.5/K2.6): MLA caches ``kv_lora_rank + qk_rope_head_dim`` values per
 layer, replicated on every TP rank; MHA/GQA caches K and V of the rank's
 share of the KV heads. Refuses when the weights do not fit; warns when the
 pool holds fewer tokens than the context length, and suggests one that fits.
+A profile's draft model (speculative decoding) is counted whole on every GPU
+(MemoryFit.draft_bytes: see weights_per_gpu).
 
     fit = memory_fit(spec, gpus)        # (MemoryFit | None, notes)
 """
@@ -105,10 +107,25 @@ class MemoryFit:
     per_token_from: str = ""
     context: int | None = None  # the context length asked for
     context_from: str = ""
+    draft_bytes: int = 0  # the profile's draft model (speculative decoding), counted on every GPU
+    draft_from: str = ""
 
     @property
     def weights_per_gpu(self) -> float:
-        return self.weights_bytes / self.tp
+        # The draft model is counted whole on every TP rank, not divided by TP. This is an upper bound:
+        # SGLang 0.5.23 keeps part of an EAGLE3 draft whole on every rank (fc and the norms,
+        # models/llama_eagle3.py) and shards the rest over the target's TP group (QKVParallelLinear, the
+        # MLP, VocabParallelEmbedding, ParallelLMHead; speculative/draft_parallel.py), and it also gives the
+        # draft a KV cache of its own, which is not modelled here; the whole draft per GPU covers both.
+        return self.weights_bytes / self.tp + self.draft_bytes
+
+    @property
+    def weights_text(self) -> str:
+        """How weights_per_gpu was counted, e.g. '595.00 GB of safetensors / TP 8 + draft 3.00 GB ...'."""
+        text = f"{gb(self.weights_bytes)} {self.weights_from} / TP {self.tp}"
+        if self.draft_bytes:
+            text += f" + draft {gb(self.draft_bytes)} {self.draft_from} on every GPU"
+        return text
 
     @property
     def static_bytes(self) -> float:
@@ -125,8 +142,8 @@ class MemoryFit:
         return int(self.kv_room // self.per_token)
 
     def summary(self) -> str:
-        line = (f"memory fit per GPU: weights ~{gb(self.weights_per_gpu)} ({gb(self.weights_bytes)} {self.weights_from}"
-                f" / TP {self.tp}); {gb(self.gpu_bytes)} x mem_fraction_static {self.fraction:g} ({self.fraction_from})"
+        line = (f"memory fit per GPU: weights ~{gb(self.weights_per_gpu)} ({self.weights_text}); "
+                f"{gb(self.gpu_bytes)} x mem_fraction_static {self.fraction:g} ({self.fraction_from})"
                 f" = {gb(self.static_bytes)}; KV cache room {gb(self.kv_room)}")
         if self.kv_tokens is not None:
             line += f" = ~{self.kv_tokens} tokens ({self.per_token:g} bytes/token, {self.per_token_from})"
@@ -135,8 +152,9 @@ class MemoryFit:
     def problems(self) -> list[str]:
         if self.kv_room > 0:
             return []
+        draft = f" + draft {gb(self.draft_bytes)}" if self.draft_bytes else ""
         return [f"the model does not fit: its weights need ~{gb(self.weights_per_gpu)} per GPU at TP {self.tp} "
-                f"({gb(self.weights_bytes)} / {self.tp}) but {gb(self.gpu_bytes)} x mem_fraction_static "
+                f"({gb(self.weights_bytes)} / {self.tp}{draft}) but {gb(self.gpu_bytes)} x mem_fraction_static "
                 f"{self.fraction:g} = {gb(self.static_bytes)} leaves no KV cache room ({gb(self.kv_room)}): "
                 "allowed: more GPUs (gpu_ids, tp_size), a smaller checkpoint, or a higher --mem-fraction-static"]
 
@@ -160,20 +178,33 @@ def mem_fraction(spec: Spec, gpu_bytes: int) -> tuple[float, str]:
     return round((gpu_mib - reserve) / gpu_mib, 3), "SGLang's default, at most this (>= 10 GiB reserved on big GPUs)"
 
 
-def checkpoint_bytes(spec: Spec) -> tuple[int, str]:
-    """The checkpoint's size: its *.safetensors on the host (verified) or on the Hub, else the profile's estimate."""
-    state = host.get_fact(ModelDirState, path=spec.model_dir)
-    if disk.model_complete(state, spec.profile.repo, spec.profile.revision):
+def safetensors_bytes(spec: Spec, repo: str, revision: str, local_dir: str) -> int:
+    """The *.safetensors bytes of a pinned revision: on the host (verified) or on the Hub; 0 when neither says."""
+    state = host.get_fact(ModelDirState, path=local_dir)
+    if disk.model_complete(state, repo, revision):
         files = state.marker.get("files", {}) if state.marker else {}
     else:
         try:
-            files = disk.hub_files(spec.profile.repo, spec.profile.revision, spec.hf_endpoint, disk.hf_token(spec))
+            files = disk.hub_files(repo, revision, spec.hf_endpoint, disk.hf_token(spec))
         except Exception:  # noqa: BLE001 - the disk check reports the Hub's error
             files = {}
-    shards = sum(size for name, size in files.items() if name.endswith(".safetensors"))
+    return sum(size for name, size in files.items() if name.endswith(".safetensors"))
+
+
+def checkpoint_bytes(spec: Spec) -> tuple[int, str]:
+    """The checkpoint's size: its *.safetensors on the host (verified) or on the Hub, else the profile's estimate."""
+    shards = safetensors_bytes(spec, spec.profile.repo, spec.profile.revision, spec.model_dir)
     if shards:
         return shards, "of safetensors"
     return spec.model_bytes, "(the profile's size_bytes)"
+
+
+def draft_bytes(spec: Spec) -> tuple[int, str]:
+    """The draft model's *.safetensors bytes ((0, '') without a draft; (0, why) when unknown)."""
+    if spec.draft is None or spec.draft_dir is None:
+        return 0, ""
+    shards = safetensors_bytes(spec, spec.draft.repo, spec.draft.revision, spec.draft_dir)
+    return shards, "of safetensors" if shards else "unknown (not on the host, the Hub did not say)"
 
 
 @cache
@@ -197,8 +228,10 @@ def model_config(spec: Spec) -> tuple[dict[str, Any] | None, str]:
         return None, f"config.json is not on the host yet and the Hub did not give it ({type(err).__name__})"
 
 
-def fit_for(spec: Spec, gpu_bytes: int, weights: tuple[int, str], config: dict[str, Any] | None) -> MemoryFit:
-    """The memory fit from its inputs (no facts): what the preflight prints."""
+def fit_for(spec: Spec, gpu_bytes: int, weights: tuple[int, str], config: dict[str, Any] | None,
+            draft: tuple[int, str] = (0, "")) -> MemoryFit:
+    """The memory fit from its inputs (no facts): what the preflight prints. ``draft``: the draft model's
+    bytes and where they came from (draft_bytes)."""
     fraction, fraction_from = mem_fraction(spec, gpu_bytes)
     per_token = kv_bytes_per_token(config, spec.tp_size, server_arg(spec, "--kv-cache-dtype")) if config else None
     explicit = server_arg(spec, "--context-length")
@@ -209,6 +242,7 @@ def fit_for(spec: Spec, gpu_bytes: int, weights: tuple[int, str], config: dict[s
         per_token=per_token[0] if per_token else None, per_token_from=per_token[1] if per_token else "",
         context=context,
         context_from="--context-length" if explicit else "the model's config.json, SGLang's default",
+        draft_bytes=draft[0], draft_from=draft[1],
     )  # fmt: skip
 
 
@@ -224,10 +258,13 @@ def memory_fit(spec: Spec, gpus: list[Gpu]) -> tuple[MemoryFit | None, list[str]
                       "fit is not checked"]
     smallest = min(gpu.memory_total_mib or 0 for gpu in used) * MIB
     config, why = model_config(spec)
-    fit = fit_for(spec, smallest, checkpoint_bytes(spec), config)
+    draft = draft_bytes(spec)
+    fit = fit_for(spec, smallest, checkpoint_bytes(spec), config, draft)
     notes = []
     if fit.per_token is None:
         notes.append(f"KV cache room in tokens unknown: {why or 'config.json lacks the attention fields'}")
+    if spec.draft is not None and not draft[0]:
+        notes.append(f"WARNING: the draft model's size is {draft[1]}: not counted in the memory fit")
     return fit, notes
 
 

@@ -2,7 +2,8 @@
 
 A stamp is written, root-only, in the state directory right after a
 (re)start: the digests of the unit, env and options files, the venv's
-packages, the model revision (a router: its unit, package and key digest).
+packages, the model revision and, with a draft model, the draft's revision
+(a router: its unit, package and key digest).
 Comparing it with what is wanted now says whether - and why - a restart is
 due, so a run that changed files but failed before restarting still
 restarts the next time. A new input of a step that needs a restart belongs
@@ -124,12 +125,15 @@ def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
     packages = host.get_fact(VenvPackages, path=spec.venv_path)
     model_dir = host.get_fact(ModelDirState, path=spec.model_dir)
     marker = model_dir.marker or {}
-    return {
+    wanted = {
         **rendered.digests(),
         "packages": packages_digest(packages),
         "package_versions": packages,
         "model_revision": marker.get("revision"),
     }
+    if spec.draft_dir is not None:  # only with a draft: the stamps of servers without one stay as they were
+        wanted["draft_revision"] = (host.get_fact(ModelDirState, path=spec.draft_dir).marker or {}).get("revision")
+    return wanted
 
 
 def _package_changes(before: dict[str, str], now: dict[str, str]) -> str:
@@ -159,6 +163,9 @@ def restart_reasons(spec: Spec, rendered: Rendered, unit_state: UnitState | None
     if started_with.get("model_revision") != wanted["model_revision"]:
         reasons.append(f"model revision {str(started_with.get('model_revision'))[:12]} -> "
                        f"{str(wanted['model_revision'])[:12]}")
+    if started_with.get("draft_revision") != wanted.get("draft_revision"):
+        reasons.append(f"draft revision {str(started_with.get('draft_revision'))[:12]} -> "
+                       f"{str(wanted.get('draft_revision'))[:12]}")
     if not unit.running and len(reasons) > 1 and not started_with:
         reasons = [reasons[0]]  # first start: the files are new, no need to list them
     return reasons

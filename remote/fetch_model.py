@@ -3,8 +3,12 @@ download one pinned model revision into a local dir with huggingface_hub, then
 verify it and write the marker that makes the next deploy a no-op.
 
     fetch_model.py --repo moonshotai/Kimi-K2.6 --revision <40 hex> --local-dir /srv/models/kimi-k2.6 \
-        --margin-bytes 50000000000 [--endpoint URL] [--token-file /etc/sglang/hf-token] \
+        --margin-bytes 50000000000 [--reserve-bytes N] [--endpoint URL] [--token-file /etc/sglang/hf-token] \
         [--max-workers 8] [--attempts 5] [--backoff-s 5] [--max-wait-s 300] [--read-timeout 30]
+
+--reserve-bytes: what a later download of the same deploy (the profile's draft
+model, run next in the same unit) still needs on this disk; the disk check keeps
+it free too, so the model does not take the draft's room.
 
 The token is read from a root-only file (never argv) and never printed.
 
@@ -247,6 +251,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--revision", required=True)
     parser.add_argument("--local-dir", required=True)
     parser.add_argument("--margin-bytes", type=int, default=0)
+    parser.add_argument("--reserve-bytes", type=int, default=0,
+                        help="bytes a later download of this deploy (the draft model) needs on this disk: kept free")
     parser.add_argument("--endpoint")
     parser.add_argument("--token-file")
     parser.add_argument("--max-workers", type=int, default=8)
@@ -256,8 +262,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--read-timeout", type=int, default=30,
                         help="seconds without a byte before a request counts as stalled (HF_HUB_DOWNLOAD_TIMEOUT)")
     args = parser.parse_args(argv)
-    if args.attempts < 1 or args.read_timeout < 1 or args.backoff_s < 0:
-        parser.error("--attempts and --read-timeout are at least 1, --backoff-s at least 0")
+    if args.attempts < 1 or args.read_timeout < 1 or args.backoff_s < 0 or args.reserve_bytes < 0:
+        parser.error("--attempts and --read-timeout are at least 1, --backoff-s and --reserve-bytes at least 0")
     return args
 
 
@@ -353,13 +359,14 @@ class Fetch:
             probe = probe.parent
         stat = os.statvfs(probe)
         free = stat.f_bavail * stat.f_frsize
-        margin = self.args.margin_bytes
+        margin, reserve = self.args.margin_bytes, self.args.reserve_bytes
+        reserved = f" + {reserve / GB:.2f} GB reserved for the next download (the draft model)" if reserve else ""
         log(f"need {self.need} bytes ({self.need / GB:.2f} GB) of {sum(self.expected.values())}; "
-            f"free {free} bytes ({free / GB:.2f} GB) at {probe}; margin {margin / GB:.2f} GB")
-        if self.need <= free - margin:
+            f"free {free} bytes ({free / GB:.2f} GB) at {probe}; margin {margin / GB:.2f} GB{reserved}")
+        if self.need <= free - margin - reserve:
             return 0
         log(f"REFUSED: {self.repo}@{self.revision[:12]} needs {self.need / GB:.2f} GB more, "
-            f"{probe} has {free / GB:.2f} GB free and {margin / GB:.2f} GB must stay free")
+            f"{probe} has {free / GB:.2f} GB free and {margin / GB:.2f} GB must stay free{reserved}")
         return EXIT_DISK
 
     def download(self, again: list[str] | None = None) -> None:

@@ -68,7 +68,7 @@ hub's own address only, are never faulted and are not logged.
 
 Stdlib only (plus sandbox.tinymodel), so the sandbox can run it anywhere.
 
-    python -m sandbox.hub serve --addr 127.0.0.1 --port 0 --size-mb 40
+    python -m sandbox.hub serve --addr 127.0.0.1 --port 0 --size-mb 40 [--draft-repo sandbox/tiny-kimi-eagle3]
 """
 
 from __future__ import annotations
@@ -97,9 +97,10 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from urllib.request import ProxyHandler, Request, build_opener
 
 try:  # `python -m sandbox.hub` and `import sandbox.hub`
-    from sandbox.tinymodel import LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, git_blob_sha1, scan
+    from sandbox.tinymodel import LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, generate_draft, git_blob_sha1, scan
 except ImportError:  # run as a plain script next to tinymodel.py
-    from tinymodel import LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, git_blob_sha1, scan  # type: ignore
+    from tinymodel import (  # type: ignore
+        LFS_MIN_SIZE, LFS_SUFFIXES, ModelInfo, generate, generate_draft, git_blob_sha1, scan)
 
 __all__ = ["HubServer", "RequestRecord", "DEFAULT_REPO_ID", "admin_request", "main"]
 
@@ -1134,6 +1135,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--model-type", default="deepseek_v3", choices=["deepseek_v3", "kimi_k2"])
     s.add_argument("--model-dir", type=Path, help="where to generate the model (default: a temp dir)")
     s.add_argument("--serve-dir", type=Path, help="serve this existing directory instead of generating")
+    s.add_argument("--draft-repo", help="also serve a tiny generated EAGLE3 draft model under this repo id")
+    s.add_argument("--draft-commit", help="the draft's 40-hex revision (default: derived from content)")
+    s.add_argument("--draft-dir", type=Path, help="where to generate the draft (default: a temp dir)")
     s.add_argument("--token-env", metavar="VAR", help="require the token held in this environment variable")
     s.add_argument("--throttle-mbps", type=float, help="limit the total rate (MB/s, 10^6 bytes)")
     s.add_argument("--throttle-file", type=Path,
@@ -1170,7 +1174,7 @@ def main(argv: list[str] | None = None) -> int:
         if not token:
             ap.error(f"--token-env {args.token_env}: the variable is empty or unset")
 
-    tmp = None
+    tmp = tmp_draft = None
     if args.serve_dir:
         info = scan(args.serve_dir)
     else:
@@ -1189,9 +1193,18 @@ def main(argv: list[str] | None = None) -> int:
             commit=args.commit,
         )
         print(f"generated {info.total_bytes} bytes in {time.monotonic() - t0:.2f}s at {model_dir}", flush=True)
+    repos: dict = {args.repo: info}
+    if args.draft_repo:
+        draft_dir = args.draft_dir
+        if draft_dir is None:
+            tmp_draft = tempfile.TemporaryDirectory(prefix="sandbox-hub-draft-")
+            draft_dir = Path(tmp_draft.name)
+        repos[args.draft_repo] = generate_draft(draft_dir, commit=args.draft_commit, repo_name=args.draft_repo)
+        print(f"generated the draft {args.draft_repo} ({repos[args.draft_repo].total_bytes} bytes) at {draft_dir}",
+              flush=True)
 
     hub = HubServer(
-        {args.repo: info},
+        repos,
         args.addr or ["127.0.0.1"],
         args.port,
         token=token,
@@ -1256,6 +1269,8 @@ def main(argv: list[str] | None = None) -> int:
                         "commit": info.commit,
                         "total_bytes": info.total_bytes,
                         "files": [list(f) for f in info.files],
+                        "draft": {"repo": args.draft_repo, "commit": repos[args.draft_repo].commit,
+                                  "total_bytes": repos[args.draft_repo].total_bytes} if args.draft_repo else None,
                     },
                     indent=2,
                 )
@@ -1264,6 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"served {hub.request_count} requests, {hub.bytes_served} bytes", flush=True)
     if tmp is not None:
         tmp.cleanup()
+    if tmp_draft is not None:
+        tmp_draft.cleanup()
     return 0
 
 

@@ -1,5 +1,6 @@
 """The sandbox's Hub stand-in as a background process, serving
-models/sandbox-tiny.yaml's repo at its pinned revision on HUB_ADDRESS, an
+models/sandbox-tiny.yaml's repo at its pinned revision (and the tiny EAGLE3
+draft model that models/sandbox-tiny-eagle3.yaml adds, at its) on HUB_ADDRESS, an
 address the sandbox adds to the machine's loopback device: every guest reaches
 it through its default route (the machine side of its veth), and it stays the
 same whatever hosts come and go. `python -m sandbox up` starts it, `down`
@@ -37,6 +38,11 @@ def profile() -> dict:
     return yaml.safe_load((REPO_ROOT / "models" / "sandbox-tiny.yaml").read_text())
 
 
+def draft() -> dict:
+    """The draft model models/sandbox-tiny-eagle3.yaml adds to sandbox-tiny: {repo, revision, ...}."""
+    return yaml.safe_load((REPO_ROOT / "models" / "sandbox-tiny-eagle3.yaml").read_text())["draft"]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -70,8 +76,10 @@ def _address_on_lo(present: bool) -> None:
 
 def _serves(state: dict, prof: dict, size_mb: int) -> bool:
     """The running hub serves this checkout's sandbox profile (an older profile's hub is restarted)."""
-    return (state.get("repo"), state.get("revision"), state.get("format"), state.get("size_mb")) == (
-        prof["repo"], prof["revision"], prof["quantization"]["format"], size_mb)
+    served = (state.get("repo"), state.get("revision"), state.get("format"), state.get("size_mb"),
+              state.get("draft_repo"), state.get("draft_revision"))
+    return served == (prof["repo"], prof["revision"], prof["quantization"]["format"], size_mb,
+                      draft()["repo"], draft()["revision"])
 
 
 def start(size_mb: int = 40) -> dict:
@@ -82,7 +90,7 @@ def start(size_mb: int = 40) -> dict:
     stop()
     _address_on_lo(True)
     addresses = [HUB_ADDRESS]
-    prof = profile()
+    prof, extra = profile(), draft()
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     model_dir = MODEL_CACHE / f"{prof['repo'].replace('/', '--')}-{prof['revision'][:12]}-{size_mb}mb"
@@ -91,7 +99,9 @@ def start(size_mb: int = 40) -> dict:
     argv = [sys.executable, "-m", "sandbox.hub", "serve", "--port", str(HUB_PORT), "--repo", prof["repo"],
             "--commit", prof["revision"], "--size-mb", str(size_mb), "--model-dir", str(model_dir),
             "--format", prof["quantization"]["format"], "--throttle-mbps", str(THROTTLE_MBPS),
-            "--ready-file", str(ready), "--throttle-file", str(THROTTLE_FILE), "--faults-file", str(FAULTS_FILE)]
+            "--ready-file", str(ready), "--throttle-file", str(THROTTLE_FILE), "--faults-file", str(FAULTS_FILE),
+            "--draft-repo", extra["repo"], "--draft-commit", extra["revision"],
+            "--draft-dir", str(MODEL_CACHE / f"{extra['repo'].replace('/', '--')}-{extra['revision'][:12]}")]
     for address in addresses:
         argv += ["--addr", address]
     log = open(STATE_DIR / "hub.log", "ab")
@@ -104,7 +114,7 @@ def start(size_mb: int = 40) -> dict:
         time.sleep(0.1)
     state = {"pid": proc.pid, "addresses": addresses, "port": HUB_PORT, "repo": prof["repo"],
              "revision": prof["revision"], "format": prof["quantization"]["format"], "size_mb": size_mb,
-             "src": str(REPO_ROOT)}
+             "draft_repo": extra["repo"], "draft_revision": extra["revision"], "src": str(REPO_ROOT)}
     HUB_STATE.write_text(json.dumps(state))
     return state
 

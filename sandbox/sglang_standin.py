@@ -33,6 +33,10 @@ code from the venv wherever that code runs without a GPU:
      is read with the real `safetensors.safe_open` where installed, else the
      model of it (safetensors_header_model): a missing or truncated shard
      fails the start, and so does a model dir without weights;
+   - with --speculative-algorithm and --speculative-draft-model-path (an EAGLE3
+     draft model), the draft worker's load the same way after the target's:
+     its config.json, then its weights' headers; a missing draft dir, config
+     or weights fails the start like the target's would (load_draft);
    - "Not enough memory" against the simulated free memory, then the rank
      holds mem_fraction_static x its GPU (sandbox/gpusim.py) for its own PID;
    a failing rank logs "Scheduler hit an exception: <traceback>" and sends
@@ -41,7 +45,8 @@ code from the venv wherever that code runs without a GPU:
    later is noticed within a second (sglang/srt/utils/watchdog.py,
    SubprocessWatchdog) with the same end;
 4. HTTP (stdlib): /health* 503 while "loading" then 200, /v1/models,
-   /server_info, /model_info, /v1/loads, /get_load, /version, /metrics,
+   /server_info (and /get_server_info: the arguments under SGLang's own
+   names, the speculative_* settings included), /model_info, /v1/loads, /get_load, /version, /metrics,
    /generate, /v1/chat/completions (plain and SSE), /v1/completions,
    --api-key enforced like SGLang; SIGTERM drains in-flight requests, exit 0;
 5. multi-node (--nnodes N): ranks really rendezvous over TCP at
@@ -220,6 +225,8 @@ class Args:
         self.tool_call_parser = g("tool_call_parser")
         self.reasoning_parser = g("reasoning_parser")
         self.log_level = g("log_level") or "info"
+        self.speculative_algorithm = g("speculative_algorithm")
+        self.speculative_draft_model_path = g("speculative_draft_model_path")
 
     def fields(self) -> dict:
         src = self.source
@@ -780,6 +787,8 @@ def _rank_init(cfg: dict, gpusim) -> dict:
             f"{sglang_src_dir()})", logger=_scheduler_logger))
     files, filter_source = prepare_weights(cfg["model_path"])
     tensors = sum(len(open_safetensors(f)) for f in files if f.endswith(".safetensors"))
+    if cfg.get("draft_model_path"):  # SGLang's draft worker loads after the target's, on every rank
+        load_draft(cfg["draft_model_path"], cfg.get("speculative_algorithm"))
     time.sleep(load_seconds * 0.6)
     hold = int(cfg["mem_fraction_static"] * gpu["memory_total_mib"])
     held = hold / 1024
@@ -812,6 +821,20 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     return {"tp_rank": cfg["tp_rank"], "pid": os.getpid(), "max_total_num_tokens": tokens}
 
 
+def load_draft(draft_path: str, algorithm: str | None) -> tuple[str, int]:
+    """The draft model as SGLang's draft worker loads it (--speculative-draft-model-path): its config.json
+    (a missing dir or config fails like the target's), then its weights (prepare_weights: "Cannot find any
+    model weights"), every safetensors header read. (its architecture, its tensor count)"""
+    config = load_model_config(draft_path)
+    arch = (config.get("architectures") or ["?"])[0]
+    log(f"Load weight begin (draft model, {algorithm}). path={draft_path}", logger=_scheduler_logger)
+    files, _source = prepare_weights(draft_path)
+    tensors = sum(len(open_safetensors(f)) for f in files if f.endswith(".safetensors"))
+    log(f"Load weight end (draft model). type={arch}, ({len(files)} weight file(s), {tensors} tensors)",
+        logger=_scheduler_logger)
+    return arch, tensors
+
+
 def rank_configs(args: Args, gpus: list[dict], tp_base: int, load_seconds: float) -> list[dict]:
     """What each of this node's ranks is started with (plain data: pickled to a spawned process).
     The free memory is taken once, before any rank allocates: what SGLang's
@@ -823,7 +846,9 @@ def rank_configs(args: Args, gpus: list[dict], tp_base: int, load_seconds: float
         {"tp_rank": tp_base + i, "local_rank": i, "gpu": g, "free_mib": free, "tp_size": args.tp_size,
          "mem_fraction_static": args.mem_fraction_static, "model_path": args.model_path,
          "context_length": args.context_length, "load_seconds": load_seconds,
-         "parent_pid": os.getpid(), "log_level": args.log_level}
+         "parent_pid": os.getpid(), "log_level": args.log_level,
+         "draft_model_path": args.speculative_draft_model_path if args.speculative_algorithm else None,
+         "speculative_algorithm": args.speculative_algorithm}
         for i, g in enumerate(gpus)
     ]
 

@@ -20,9 +20,17 @@ BF16 and in `ignore`); nvfp4-pack-quantized (the default) quantizes every
 Linear (weight_packed U8, weight_scale F8_E4M3, weight_global_scale /
 input_global_scale F32).
 
+`generate_draft(out_dir)` writes a tiny EAGLE3 draft model beside it (what
+`--speculative-algorithm EAGLE3 --speculative-draft-model-path` reads, in the
+layout of EAGLE3 drafts such as AQ-MedAI/Kimi-K26-eagle3): config.json with
+"architectures": ["LlamaForCausalLMEagle3"], one decoder layer whose attention
+takes 2 x hidden_size (the token's embedding and the target's hidden state), the
+`fc` that folds three of the target's hidden states into one, a reduced draft
+vocabulary (lm_head, d2t, t2d), and one real model.safetensors of a few MB.
+
 Stdlib only: the sandbox may run this on a host without the project venv.
 
-CLI (for manual use): python -m sandbox.tinymodel OUT_DIR [--size-mb 40]
+CLI (for manual use): python -m sandbox.tinymodel OUT_DIR [--size-mb 40] [--draft]
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["FileEntry", "ModelInfo", "generate", "scan", "git_blob_sha1", "LFS_SUFFIXES"]
+__all__ = ["FileEntry", "ModelInfo", "generate", "generate_draft", "scan", "git_blob_sha1", "LFS_SUFFIXES"]
 
 # Files that a Hub repo keeps in LFS (by .gitattributes); anything >= 10 MiB is LFS too.
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".model", ".msgpack", ".h5", ".gguf")
@@ -130,7 +138,7 @@ def scan(root: Path, commit: str | None = None) -> ModelInfo:
 # model layout
 
 # safetensors dtype -> bytes per element
-_DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "F8_E4M3": 1, "I8": 1}
+_DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "F8_E4M3": 1, "I8": 1, "BOOL": 1}
 
 # Fixed small dimensions (MLA attention like DeepSeek-V3 / Kimi K2, scaled down).
 _DIMS = dict(
@@ -576,6 +584,95 @@ def generate(
     )
 
 
+# ---------------------------------------------------------------------------
+# an EAGLE3 draft model
+
+# The draft's own sizes (EAGLE3 drafts are one Llama decoder layer on the target's hidden size).
+_DRAFT_DIMS = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=1024,
+                   draft_vocab_size=512)
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def _draft_tensors() -> list[_Tensor]:
+    """An EAGLE3 draft's tensors as SpecForge/SGLang lay them out (`midlayer.*`, fc, norm, lm_head, d2t, t2d)."""
+    d, h, vocab = _DRAFT_DIMS, _DIMS["hidden_size"], _DIMS["vocab_size"]
+    heads, kv, head_dim = d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"]
+    a = "midlayer.self_attn"
+    return [
+        _Tensor("fc.weight", "BF16", (h, 3 * h)),  # three of the target's hidden states -> one
+        _Tensor("midlayer.hidden_norm.weight", "BF16", (h,), "ones"),
+        _Tensor("midlayer.input_layernorm.weight", "BF16", (h,), "ones"),
+        _Tensor(f"{a}.q_proj.weight", "BF16", (heads * head_dim, 2 * h)),  # embedding + hidden state in
+        _Tensor(f"{a}.k_proj.weight", "BF16", (kv * head_dim, 2 * h)),
+        _Tensor(f"{a}.v_proj.weight", "BF16", (kv * head_dim, 2 * h)),
+        _Tensor(f"{a}.o_proj.weight", "BF16", (h, heads * head_dim)),
+        _Tensor("midlayer.post_attention_layernorm.weight", "BF16", (h,), "ones"),
+        *[_Tensor(f"midlayer.mlp.{n}.weight", "BF16", shape) for n, shape in (
+            ("gate_proj", (d["intermediate_size"], h)), ("up_proj", (d["intermediate_size"], h)),
+            ("down_proj", (h, d["intermediate_size"])))],
+        _Tensor("norm.weight", "BF16", (h,), "ones"),
+        _Tensor("lm_head.weight", "BF16", (d["draft_vocab_size"], h)),
+        _Tensor("d2t", "I64", (d["draft_vocab_size"],), "ones"),  # zero offsets: draft token i is target token i
+        _Tensor("t2d", "BOOL", (vocab,), "ones"),
+    ]
+
+
+def _draft_config() -> dict:
+    d, h = _DRAFT_DIMS, _DIMS["hidden_size"]
+    return {
+        "architectures": [EAGLE3_ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": d["intermediate_size"],
+        "num_hidden_layers": 1,
+        "num_attention_heads": d["num_attention_heads"],
+        "num_key_value_heads": d["num_key_value_heads"],
+        "head_dim": d["head_dim"],
+        "vocab_size": _DIMS["vocab_size"],
+        "draft_vocab_size": d["draft_vocab_size"],
+        "target_hidden_size": h,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 50000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
+        "transformers_version": "4.48.3",
+    }
+
+
+def generate_draft(out_dir: Path, *, commit: str | None = None, repo_name: str = "sandbox/tiny-eagle3",
+                   seed: int = 0) -> ModelInfo:
+    """Write a tiny EAGLE3 draft model repo (a few MB) into out_dir and describe it; deterministic like generate.
+
+    .. code:: python
+
+        draft = generate_draft(Path("/tmp/draft"), commit="e3a6" * 10)   # draft.config["architectures"]
+    """
+    if commit is not None and (len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit)):
+        raise ValueError(f"commit must be 40 lowercase hex characters, got {commit!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = _draft_config()
+    tensors = _draft_tensors()
+    head, data_len = _safetensors_header(tensors)
+    rng = random.Random(f"sandbox-tinymodel-draft:{seed}")
+    weights = head + b"".join(_tensor_bytes(t, rng) for t in tensors)
+    readme = (f"---\nlicense: other\ntags: [sandbox, eagle3]\n---\n# {repo_name}\n\nA tiny generated EAGLE3 "
+              "draft model (speculative decoding). Test bed only: the weights are pseudo-random.\n")
+    files = []
+    for name, data in ((".gitattributes", _GITATTRIBUTES.encode()), ("README.md", readme.encode()),
+                       ("config.json", _dump(config)), ("model.safetensors", weights)):
+        (out_dir / name).write_bytes(data)
+        files.append(FileEntry(name, len(data), hashlib.sha256(data).hexdigest()))
+    files.sort()
+    return ModelInfo(root=out_dir, files=tuple(files), commit=commit or _commit_from(files),
+                     total_bytes=sum(f.size for f in files), config=config)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sandbox.tinymodel", description=__doc__.split("\n")[0])
     ap.add_argument("out_dir", type=Path)
@@ -584,10 +681,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--format", dest="quant_format", default="nvfp4-pack-quantized")
     ap.add_argument("--model-type", default="deepseek_v3", choices=["deepseek_v3", "kimi_k2"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--draft", action="store_true", help="an EAGLE3 draft model (a few MB) instead")
     args = ap.parse_args(argv)
-    info = generate(
-        args.out_dir, args.size_mb, args.shards, args.quant_format, model_type=args.model_type, seed=args.seed
-    )
+    if args.draft:
+        info = generate_draft(args.out_dir, seed=args.seed)
+    else:
+        info = generate(
+            args.out_dir, args.size_mb, args.shards, args.quant_format, model_type=args.model_type, seed=args.seed
+        )
     print(f"commit {info.commit}  total {info.total_bytes} bytes  in {info.root}")
     for f in info.files:
         print(f"  {f.size:>12}  {f.sha256}  {f.path}")

@@ -18,6 +18,13 @@ transient Hub failures (5 attempts per phase, backing off 5 s to 40 s) before
 it exits 7, and a kill is meant (an operator's `systemctl kill`, the OOM
 killer). The next run removes the killed run's partial files, fetches only the
 files that were not complete, and says how many bytes that was.
+
+A profile with a draft model (speculative decoding) pins a second download: the
+draft, into its own dir (``spec.draft_dir``) with its own marker. The disk check
+counts both together, and the same unit runs once per download still missing, in
+sequence (the model, then the draft; a failed one stops the step). The step
+succeeds only when both markers hold the wanted revisions; with both there it is
+a no-op. The draft's lines say "model: draft: ...".
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from shlex import quote as _shell_quote
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
-from core.disk import HubError, disk_need, hf_token, model_complete
+from core.disk import DiskNeed, HubError, Pin, disk_need, hf_token, model_complete, pins, shortfall
 from core.ops import fail_command, gb, plan, record_failure
 from core.paths import CONFIG_DIR, MODEL_MARKER, REMOTE_DIR, REMOTE_SRC_DIR, TOKEN_FILE
 from facts.model_dir import ModelDir, ModelDirState
@@ -73,6 +80,8 @@ class Download:
     need: int  # bytes still to fetch when the step was planned
     expected: dict[str, int]  # the revision's files and sizes (the Hub's)
     token_file: str | None
+    label: str = "model"  # how the lines name it: "model" or "model: draft"
+    last: bool = True  # the last download of the run: the token file goes after it (or after a failure)
 
 
 class _Remote:
@@ -109,11 +118,11 @@ class _Remote:
         return [line for line in lines if line.strip() and not line.startswith("-- ")]
 
 
-def _start(remote: _Remote, host, argv: str) -> str:
+def _start(remote: _Remote, host, argv: str, label: str = "model") -> str:
     """Start the download unit (or attach to the one running); its InvocationID."""
     props = remote.unit()
     if props.get("ActiveState") in RUNNING:
-        host.log(f"model: attaching to the download already running ({FETCH_UNIT})", logger.warning)
+        host.log(f"{label}: attaching to the download already running ({FETCH_UNIT})", logger.warning)
         return props.get("InvocationID", "")
     remote.run(f"systemctl reset-failed {FETCH_UNIT} 2>/dev/null; true")  # the last run's failed unit
     # no --collect: a failed unit stays loaded, with its Result and exit status, until the next run
@@ -121,12 +130,12 @@ def _start(remote: _Remote, host, argv: str) -> str:
                            f"--description='sglang-converge model download' {argv} 2>&1")
     if not ok:
         raise RuntimeError(f"could not start {FETCH_UNIT}: {' '.join(lines) or 'systemd-run failed'}")
-    host.log(f"model: downloading in {FETCH_UNIT} (survives a dropped ssh session; a re-run attaches to it)",
+    host.log(f"{label}: downloading in {FETCH_UNIT} (survives a dropped ssh session; a re-run attaches to it)",
              logger.warning)
     return remote.unit().get("InvocationID", "")
 
 
-def _watch(remote: _Remote, host, local_dir: str, need: int) -> dict[str, str]:
+def _watch(remote: _Remote, host, local_dir: str, need: int, label: str = "model") -> dict[str, str]:
     """Print progress until the unit is no longer running; its last properties."""
     size_cmd = f"du -sb --apparent-size {_shell_quote(local_dir)} 2>/dev/null | cut -f1"
 
@@ -151,7 +160,7 @@ def _watch(remote: _Remote, host, local_dir: str, need: int) -> dict[str, str]:
             done = max(0, now_bytes - base)
             rate = (now_bytes - last_bytes) / max(now - last, 1e-6)
             percent = 100.0 * min(done, need) / need if need else 100.0
-            host.log(f"model: {percent:5.1f}% {gb(min(done, need))} of {gb(need)}, {rate / 1e6:.1f} MB/s",
+            host.log(f"{label}: {percent:5.1f}% {gb(min(done, need))} of {gb(need)}, {rate / 1e6:.1f} MB/s",
                      logger.warning)
             last, last_bytes = now, now_bytes
         if not running:
@@ -201,18 +210,18 @@ def missing_summary(on_disk: ModelDir, expected: dict[str, int], repo: str, revi
 def _converged(host, journal: list[str], download: Download, started: float) -> bool:
     for line in journal:
         if line.startswith(REPORTED):
-            host.log(f"model: {line}", logger.warning)
-    host.log(f"model: done in {time.monotonic() - started:.1f} s: the host holds {download.repo}@"
+            host.log(f"{download.label}: {line}", logger.warning)
+    host.log(f"{download.label}: done in {time.monotonic() - started:.1f} s: the host holds {download.repo}@"
              f"{download.revision[:12]}, every file at its size ({MODEL_MARKER} checked)", logger.warning)
     return True
 
 
-def _failed(state, host, outcome: str, journal: list[str], summary: str) -> bool:
+def _failed(state, host, outcome: str, journal: list[str], summary: str, label: str = "model") -> bool:
     for line in journal[-20:]:
-        host.log_styled(f"model: {line}", fg="red", log_func=logger.error)
+        host.log_styled(f"{label}: {line}", fg="red", log_func=logger.error)
     because = [line for line in journal if line.startswith(CAUSES)]
     because += [line for line in journal if "Main process exited" in line or "Failed with result" in line]
-    cause = f"model: {FETCH_UNIT} {outcome}" + (f": {because[0]}" if because else "") + f"; on the host: {summary}"
+    cause = f"{label}: {FETCH_UNIT} {outcome}" + (f": {because[0]}" if because else "") + f"; on the host: {summary}"
     host.log_styled(cause, fg="red", log_func=logger.error)
     record_failure(state, host, cause, journal)
     return False
@@ -222,15 +231,17 @@ def _fetch(state, host, download: Download) -> bool:
     """Run the download unit to its end; succeed only on the host's verified marker for the revision."""
     remote = _Remote(host)
     started = time.monotonic()
+    ok = False
     try:
-        return _until_converged(state, host, remote, download, started)
+        ok = _until_converged(state, host, remote, download, started)
+        return ok
     except HostLost as err:
-        cause = (f"model: lost the host while {FETCH_UNIT} ran ({err}): if the host is up the download goes on "
-                 f"and a re-run attaches to it; after a reboot a re-run fetches only what is missing")
+        cause = (f"{download.label}: lost the host while {FETCH_UNIT} ran ({err}): if the host is up the download "
+                 f"goes on and a re-run attaches to it; after a reboot a re-run fetches only what is missing")
     except RuntimeError as err:
-        cause = f"model: {err}"
+        cause = f"{download.label}: {err}"
     finally:
-        if download.token_file:
+        if download.token_file and (download.last or not ok):  # a later download of this run still needs it
             try:
                 remote.run(f"rm -f {_shell_quote(download.token_file)}")
             except HostLost:
@@ -241,15 +252,53 @@ def _fetch(state, host, download: Download) -> bool:
 
 
 def _until_converged(state, host, remote: _Remote, download: Download, started: float) -> bool:
-    invocation = _start(remote, host, download.argv)
-    props = _watch(remote, host, download.local_dir, download.need)
+    invocation = _start(remote, host, download.argv, download.label)
+    props = _watch(remote, host, download.local_dir, download.need, download.label)
     journal = remote.journal(invocation)
     on_disk = remote.model_dir(download.local_dir)  # the postcondition, read on the host after the unit ended
     if model_complete(on_disk, download.repo, download.revision):
         return _converged(host, journal, download, started)
     outcome, _code = unit_outcome(props)
     return _failed(state, host, outcome, journal,
-                   missing_summary(on_disk, download.expected, download.repo, download.revision))
+                   missing_summary(on_disk, download.expected, download.repo, download.revision), download.label)
+
+
+def _needs(todo: list[Pin], margin_bytes: int, endpoint: str | None,
+           token: str | None) -> list[tuple[Pin, DiskNeed | None]]:
+    """Each pinned download and what it still needs (None: on the host, verified). Raises HubError."""
+    return [(pin, disk_need(pin.repo, pin.revision, pin.local_dir, margin_bytes, endpoint, token)) for pin in todo]
+
+
+def _in_place(pin: Pin) -> str:
+    return f"{'draft ' if pin.what == 'draft' else ''}{pin.repo}@{pin.revision[:12]} is in {pin.local_dir}, verified"
+
+
+def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options: dict, token_file: str | None) -> str:
+    """fetch_model.py's command line for one download, shell-quoted; ``reserve``: bytes a later download of
+    this run still needs on the same disk (fetch_model keeps them free too)."""
+    argv = [python, FETCH_SCRIPT, "--repo", pin.repo, "--revision", pin.revision, "--local-dir", pin.local_dir,
+            "--margin-bytes", str(margin_bytes), "--attempts", str(options["attempts"]),
+            "--backoff-s", str(options["backoff_s"]), "--read-timeout", str(options["read_timeout_s"])]
+    if reserve:
+        argv += ["--reserve-bytes", str(reserve)]
+    if options["endpoint"]:
+        argv += ["--endpoint", options["endpoint"]]
+    if token_file:
+        argv += ["--token-file", token_file]
+    return " ".join(_shell_quote(arg) for arg in argv)
+
+
+def _downloads(python: str, todo: list[tuple[Pin, DiskNeed]], margin_bytes: int, options: dict,
+               token_file: str | None) -> list[Download]:
+    """One Download per missing revision, in order; each keeps what the later ones need on its disk free."""
+    out = []
+    for i, (pin, need) in enumerate(todo):
+        reserve = sum(later.need for _pin, later in todo[i + 1:] if later.mount == need.mount)
+        out.append(Download(repo=pin.repo, revision=pin.revision, local_dir=pin.local_dir,
+                            argv=_fetch_argv(python, pin, margin_bytes, reserve, options, token_file),
+                            need=need.need, expected=need.expected, token_file=token_file,
+                            label="model: draft" if pin.what == "draft" else "model", last=i == len(todo) - 1))
+    return out
 
 
 @operation()
@@ -264,41 +313,51 @@ def model_downloaded(
     attempts: int = 5,
     backoff_s: float = 5.0,
     read_timeout_s: int = 30,
+    draft_repo: str | None = None,
+    draft_revision: str | None = None,
+    draft_dir: str | None = None,
 ):
     """
-    Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified.
+    Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified (and
+    ``draft_dir`` the draft model ``draft_repo`` at ``draft_revision``, when given).
 
-    Refuses before any change when the Hub does not have the revision (or the
-    repo, or refuses the token), or when the bytes still needed do not fit in
-    the free space minus ``margin_bytes``; downloads in a transient systemd
-    unit that survives a dropped ssh session; succeeds only when the host
-    then holds the marker of this revision with every file at its size, so
-    the next run is a no-op.
+    Refuses before any change when the Hub does not have a revision (or the
+    repo, or refuses the token), or when the bytes still needed (model and
+    draft together) do not fit in the free space minus ``margin_bytes``;
+    downloads in a transient systemd unit that survives a dropped ssh session,
+    once per revision still missing; succeeds only when the host then holds
+    the marker of each revision with every file at its size, so the next run
+    is a no-op.
 
     .. code:: python
 
         model_downloaded(repo="moonshotai/Kimi-K2.6", revision="<40 hex>",
                          local_dir="/srv/models/kimi-k2.6", python="/opt/sglang/venv/bin/python",
-                         margin_bytes=50 * 10**9)
+                         margin_bytes=50 * 10**9, draft_repo="AQ-MedAI/Kimi-K26-eagle3",
+                         draft_revision="<40 hex>", draft_dir="/srv/models/kimi-k2.6-draft")
     """
+    wanted = [Pin("model", repo, revision, local_dir)]
+    if draft_repo and draft_revision and draft_dir:
+        wanted.append(Pin("draft", draft_repo, draft_revision, draft_dir))
     try:
-        need = disk_need(repo, revision, local_dir, margin_bytes, endpoint, token)
+        needs = _needs(wanted, margin_bytes, endpoint, token)
     except HubError as err:
         plan(f"model: {err}")
         yield fail_command(f"model: {err}")
         return
-    if need is None:
-        host.noop(f"{repo}@{revision[:12]} is in {local_dir}, verified")
+    todo = [(pin, need) for pin, need in needs if need is not None]
+    if not todo:
+        host.noop("; ".join(_in_place(pin) for pin in wanted))
         return
-    if need.short:
-        message = f"model: {need.shortfall()}"
-        plan(message)
-        yield fail_command(message)
+    short = shortfall([need for _pin, need in todo])
+    if short:
+        plan(f"model: {short}")
+        yield fail_command(f"model: {short}")
         return
-    plan(
-        f"download {repo}@{revision[:12]} into {local_dir}: {gb(need.need)} of {gb(need.total)} "
-        f"({need.files} files; {gb(need.free)} free at {need.where})"
-    )
+    for pin, need in todo:
+        plan(f"download {'draft ' if pin.what == 'draft' else ''}{pin.repo}@{pin.revision[:12]} into "
+             f"{pin.local_dir}: {gb(need.need)} of {gb(need.total)} ({need.files} files; {gb(need.free)} free "
+             f"at {need.where})")
     yield StringCommand("install -d -m 755", REMOTE_DIR, CONFIG_DIR)
     yield FileUploadCommand(str(LOCAL_FETCH_SCRIPT), FETCH_SCRIPT)
     for module in FETCH_MODULES:
@@ -308,23 +367,16 @@ def model_downloaded(
         token_file = TOKEN_FILE
         yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(token_file))
         yield FileUploadCommand(StringIO(token), token_file)
-    argv = [python, FETCH_SCRIPT, "--repo", repo, "--revision", revision, "--local-dir", local_dir,
-            "--margin-bytes", str(margin_bytes), "--attempts", str(attempts), "--backoff-s", str(backoff_s),
-            "--read-timeout", str(read_timeout_s)]
-    if endpoint:
-        argv += ["--endpoint", endpoint]
-    if token_file:
-        argv += ["--token-file", token_file]
-    download = Download(repo=repo, revision=revision, local_dir=local_dir,
-                        argv=" ".join(_shell_quote(arg) for arg in argv), need=need.need, expected=need.expected,
-                        token_file=token_file)
-    yield FunctionCommand(_fetch, (download,), {})
+    options = {"attempts": attempts, "backoff_s": backoff_s, "read_timeout_s": read_timeout_s, "endpoint": endpoint}
+    for download in _downloads(python, todo, margin_bytes, options, token_file):
+        yield FunctionCommand(_fetch, (download,), {})
 
 
 @deploy("Model")
 def model(spec: Spec) -> None:
-    """The pinned model revision in the model dir: disk checked, downloaded, verified."""
-    token = hf_token(spec)
+    """The pinned model revision in the model dir (and the profile's draft model in the draft dir): disk
+    checked, downloaded, verified."""
+    draft = {p.what: p for p in pins(spec)}.get("draft")
     model_downloaded(
         repo=spec.profile.repo,
         revision=spec.profile.revision,
@@ -332,9 +384,13 @@ def model(spec: Spec) -> None:
         python=spec.python_bin,
         margin_bytes=spec.margin_bytes,
         endpoint=spec.hf_endpoint,
-        token=token,
+        token=hf_token(spec),
         attempts=spec.download_attempts,
         backoff_s=spec.download_backoff_s,
         read_timeout_s=spec.download_read_timeout_s,
-        name=f"model {spec.profile.repo}@{spec.profile.revision[:12]}",
+        draft_repo=draft.repo if draft else None,
+        draft_revision=draft.revision if draft else None,
+        draft_dir=draft.local_dir if draft else None,
+        name=f"model {spec.profile.repo}@{spec.profile.revision[:12]}"
+        + (f" + draft {draft.repo}@{draft.revision[:12]}" if draft else ""),
     )

@@ -47,7 +47,7 @@ from tasks.spec.built import AnySpec, RouterSpec, Spec, backend_choices, local_h
 from tasks.spec.errors import SpecError
 from tasks.spec.fields import GpuId, Number
 from tasks.spec.inventory import node_groups, router_key_problems, validate_inventory
-from tasks.spec.profile import ModelProfile, Quantization, available_profiles, load_profile
+from tasks.spec.profile import DraftModel, ModelProfile, Quantization, available_profiles, load_profile
 from tasks.spec.router_settings import ROUTER_KEYS, RouterSettings
 from tasks.spec.server_settings import DATA_KEYS, HostSettings, NodeGroup
 from tasks.spec.tables import (
@@ -96,6 +96,7 @@ __all__ = [
     "SYSTEMD_DIR",
     "AnySpec",
     "CommonSettings",
+    "DraftModel",
     "GpuId",
     "HostSettings",
     "ModelProfile",

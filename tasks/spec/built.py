@@ -13,7 +13,7 @@ from pydantic import SecretStr, StrictBool, StrictStr, model_validator
 from core.paths import CONFIG_DIR, GB, MODELS_ROOT, REMOTE_DIR, SYSTEMD_DIR
 from tasks.spec.errors import SpecError, spec_lines
 from tasks.spec.fields import PositiveInt, abs_path
-from tasks.spec.profile import ModelProfile
+from tasks.spec.profile import DraftModel, ModelProfile
 from tasks.spec.router_settings import RouterSettings
 from tasks.spec.server_settings import HostSettings
 from tasks.spec.tables import (
@@ -160,8 +160,9 @@ class Spec(_UnitFiles, HostSettings):
     """One server host's settings, validated, with every derived value.
 
     Derived (properties): python_bin, unit_stem, options_path, env_path,
-    unit_path, served_model_name, model_bytes, margin_bytes, is_multinode,
-    server_argv, server_options (rendered by core/render.py), unit_env, resolved.
+    unit_path, served_model_name, model_bytes, margin_bytes, draft,
+    speculative_argv, is_multinode, server_argv, server_options (rendered by
+    core/render.py), unit_env, resolved.
     """
 
     host_name: StrictStr
@@ -183,12 +184,17 @@ class Spec(_UnitFiles, HostSettings):
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        profile = data.get("profile")
         if data.get("model_dir") is None:
-            profile = data.get("profile")
             served = getattr(profile, "served_model_name", None)
             if served is None and isinstance(profile, Mapping):
                 served = profile.get("served_model_name")
             data["model_dir"] = f"{MODELS_ROOT}/{served or data.get('model', 'model')}"
+        draft = profile.get("draft") if isinstance(profile, Mapping) else getattr(profile, "draft", None)
+        if draft is None:
+            data["draft_dir"] = None  # no draft model: nothing to put there
+        elif data.get("draft_dir") is None and isinstance(data["model_dir"], str):
+            data["draft_dir"] = data["model_dir"].rstrip("/") + "-draft"
         if data.get("tp_size") is None:
             gpus, nnodes = data.get("gpu_ids"), data.get("nnodes", 1)
             per_node = len(gpus) if isinstance(gpus, list) and gpus else 1
@@ -208,9 +214,21 @@ class Spec(_UnitFiles, HostSettings):
                 f"attention_backend = {self.attention_backend!r} implements only MHA attention but model "
                 f"{self.model!r} uses {self.profile.attention}: allowed: 'auto' or an MLA-capable backend"
             )
+        lines += self._draft_dir_problems()
         if lines:
             raise spec_lines(*lines)
         return self
+
+    def _draft_dir_problems(self) -> list[str]:
+        """The draft needs a directory of its own: its marker and its files beside the model's would mix."""
+        if self.draft_dir is None:
+            return []
+        draft, model = self.draft_dir.rstrip("/") + "/", self.model_dir.rstrip("/") + "/"
+        if draft.startswith(model) or model.startswith(draft):
+            return [f"draft_dir = {self.draft_dir!r}: is, holds or lies in model_dir {self.model_dir!r}: the draft "
+                    f"model needs a directory of its own (its own marker): allowed: e.g. "
+                    f"{self.model_dir.rstrip('/') + '-draft'!r} (the default)"]
+        return []
 
     # -- paths
 
@@ -243,6 +261,25 @@ class Spec(_UnitFiles, HostSettings):
     @property
     def margin_bytes(self) -> int:
         return int(self.size_margin_gb * GB)
+
+    @property
+    def draft(self) -> DraftModel | None:
+        """The profile's draft model (speculative decoding), downloaded into draft_dir; None: no draft."""
+        return self.profile.draft
+
+    @property
+    def speculative_argv(self) -> list[str]:
+        """SGLang 0.5.23's flags for the profile's draft ([] without one): the draft is read from draft_dir."""
+        draft = self.profile.draft
+        if draft is None or self.draft_dir is None:
+            return []
+        return [
+            "--speculative-algorithm", draft.algorithm,
+            "--speculative-draft-model-path", self.draft_dir,
+            "--speculative-num-steps", str(draft.num_steps),
+            "--speculative-eagle-topk", str(draft.eagle_topk),
+            "--speculative-num-draft-tokens", str(draft.num_draft_tokens),
+        ]  # fmt: skip
 
     # -- multi-node
 
@@ -290,6 +327,7 @@ class Spec(_UnitFiles, HostSettings):
         argv += ["--host", self.listen_host, "--port", str(self.listen_port)]
         if self.profile.trust_remote_code:
             argv.append("--trust-remote-code")
+        argv += self.speculative_argv
         if self.is_multinode:
             argv += ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank)]
             argv += ["--dist-init-addr", str(self.dist_init_addr)]

@@ -32,6 +32,7 @@ from tasks.spec.tables import (
     ROUTER_MANAGED_FLAGS,
     ROUTER_SECRET_FLAGS,
     SECRET_FLAGS,
+    SPECULATIVE_ALGORITHMS,
 )
 
 # Every settings model: immutable, unknown keys refused, ``model`` is a field name like any other.
@@ -102,7 +103,8 @@ SYSTEM_DIRS: frozenset[str] = frozenset({
     "/proc", "/sys", "/dev", "/run", "/home", "/root", "/tmp",
 })
 # Examples of a good value, per field (the message of a refused one shows it).
-_DIR_EXAMPLES = {"router_venv_path": "/opt/sglang-router/venv", "model_dir": "/srv/models/kimi-k2.6"}
+_DIR_EXAMPLES = {"router_venv_path": "/opt/sglang-router/venv", "model_dir": "/srv/models/kimi-k2.6",
+                 "draft_dir": "/srv/models/kimi-k2.6-draft"}
 
 
 def own_dir_problem(norm: str) -> str | None:
@@ -437,6 +439,15 @@ def _revision(value: str) -> str:
     return value
 
 
+def _speculative_algorithm(value: str) -> str:
+    if value not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(
+            f"not a speculative algorithm the deploy supports: allowed: {', '.join(map(repr, SPECULATIVE_ALGORITHMS))} "
+            "(the only one for now: a draft model of the EAGLE3 kind, e.g. AQ-MedAI/Kimi-K26-eagle3)"
+        )
+    return value
+
+
 def _served_name(value: str) -> str:
     if not _SERVED_NAME.match(value):
         raise ValueError("must be non-empty, without spaces (letters, digits, '.', '_', ':', '/', '-')")
@@ -487,3 +498,4 @@ DriverVersion = Annotated[StrictStr, AfterValidator(_driver_version)]
 RepoId = Annotated[StrictStr, AfterValidator(_repo_id)]
 Revision = Annotated[StrictStr, AfterValidator(_revision)]
 ServedName = Annotated[StrictStr, AfterValidator(_served_name)]
+SpeculativeAlgorithm = Annotated[StrictStr, AfterValidator(_speculative_algorithm)]

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, Validat
 
 from core.paths import MODELS_DIR
 from tasks.spec.errors import SpecError, format_errors, show, spec_lines
-from tasks.spec.fields import FROZEN, RepoId, Revision, ServedName, ServerArgs
+from tasks.spec.fields import FROZEN, PositiveInt, RepoId, Revision, ServedName, ServerArgs, SpeculativeAlgorithm
 from tasks.spec.tables import COMPRESSED_TENSORS_FORMATS
 
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -53,6 +53,46 @@ class Quantization(BaseModel):
         return COMPRESSED_TENSORS_FORMATS[self.format]
 
 
+class DraftModel(BaseModel):
+    """A model profile's draft model: speculative decoding with a separate, pinned
+    checkpoint (SGLang's ``--speculative-*`` flags), downloaded and verified like
+    the model into its own directory (the spec's ``draft_dir``).
+
+    .. code:: yaml
+
+        draft:
+          repo: AQ-MedAI/Kimi-K26-eagle3
+          revision: <40 hex>
+          algorithm: EAGLE3
+          num_steps: 3
+          eagle_topk: 1
+          num_draft_tokens: 4
+    """
+
+    model_config = FROZEN
+
+    repo: RepoId = Field(description="Hugging Face repo id 'org/name' of the draft model")
+    revision: Revision = Field(description="the draft's commit: 40 lowercase hex characters")
+    algorithm: SpeculativeAlgorithm = Field(description="'EAGLE3' (SGLang's --speculative-algorithm)")
+    num_steps: PositiveInt = Field(description="draft steps per verification, an integer >= 1 "
+                                   "(--speculative-num-steps)")
+    eagle_topk: PositiveInt = Field(description="branches kept per draft step, an integer >= 1 "
+                                    "(--speculative-eagle-topk)")
+    num_draft_tokens: PositiveInt = Field(description="tokens verified per step, an integer >= 1 "
+                                          "(--speculative-num-draft-tokens)")
+
+    @model_validator(mode="after")
+    def _chain(self) -> DraftModel:
+        # SGLang 0.5.23 (arg_groups/speculative_hook.py): with topk 1 the draft is a chain, and it silently
+        # replaces num_draft_tokens by num_steps + 1; refused here so the profile says what runs.
+        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise spec_lines(
+                f"draft.num_draft_tokens = {self.num_draft_tokens}: with eagle_topk 1 SGLang uses num_steps + 1 = "
+                f"{self.num_steps + 1} instead: allowed: {self.num_steps + 1}, or eagle_topk > 1"
+            )
+        return self
+
+
 class ModelProfile(BaseModel):
     """models/<name>.yaml: what to serve, pinned."""
 
@@ -68,6 +108,11 @@ class ModelProfile(BaseModel):
     size_bytes: StrictInt = Field(gt=0, description="approximate total bytes of the weights (> 0)")
     extra_server_args: ServerArgs = Field(default_factory=list, description="extra SGLang flags, a list of strings")
     trust_remote_code: StrictBool = Field(False, description="true or false")
+    draft: DraftModel | None = Field(
+        None,
+        description="absent, or the draft model for speculative decoding: {repo, revision, algorithm: EAGLE3, "
+        "num_steps, eagle_topk, num_draft_tokens}",
+    )
 
 
 def available_profiles(models_dir: Path = MODELS_DIR) -> list[str]:

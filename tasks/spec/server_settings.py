@@ -108,6 +108,11 @@ class HostSettings(CommonSettings):
         description="absolute path on the host of a directory of its own (at least two levels below /, not "
         f"directly under a system directory); unset: {MODELS_ROOT}/<served_model_name>",
     )
+    draft_dir: OwnDir | None = Field(
+        None,
+        description="absolute path on the host of the draft model's own directory (a profile with a draft only; "
+        "at least two levels below /, not directly under a system directory); unset: <model_dir>-draft",
+    )
     size_margin_gb: Number = Field(50.0, ge=0, description="GB kept free on the model's disk, a number >= 0")
     download_attempts: int = Field(5, ge=1, le=50, description="tries per phase of the download before it "
                                    "gives up on a Hub that fails transiently (5xx, 429, stalls), an integer 1..50")

@@ -88,6 +88,12 @@ COMPRESSED_TENSORS_FORMATS: dict[str, str] = {
     "mxfp8-quantized": "0.15.0",
 }
 
+# Speculative decoding algorithms a model profile's draft may name (SGLang's
+# --speculative-algorithm): EAGLE3 draft models (e.g. AQ-MedAI/Kimi-K26-eagle3), a
+# separate checkpoint downloaded beside the model. SGLang 0.5.23 knows more (EAGLE,
+# NEXTN, NGRAM, STANDALONE, DFLASH, ...); they are refused until the deploy handles them.
+SPECULATIVE_ALGORITHMS = ("EAGLE3",)
+
 # Server flags that the spec itself sets: in extra_server_args they would
 # contradict (or duplicate) a setting, so they are refused with the key to use.
 MANAGED_FLAGS: dict[str, str] = {
@@ -105,6 +111,12 @@ MANAGED_FLAGS: dict[str, str] = {
     "--node-rank": "node_rank",
     "--dist-init-addr": "dist_init_addr",
     "--config": "(the spec writes the options file itself)",
+    "--speculative-algorithm": "the model profile's draft.algorithm",
+    "--speculative-draft-model-path": "draft_dir (where the model profile's draft is downloaded)",
+    "--speculative-draft-model": "draft_dir (where the model profile's draft is downloaded)",
+    "--speculative-num-steps": "the model profile's draft.num_steps",
+    "--speculative-eagle-topk": "the model profile's draft.eagle_topk",
+    "--speculative-num-draft-tokens": "the model profile's draft.num_draft_tokens",
 }
 # Flags whose value is a secret: refused in extra args, hidden in messages.
 SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,29 @@ def remove_host(host) -> None:
     from sandbox import hosts as sandbox_api
 
     sandbox_api.remove(host.name)
+
+
+def timed(timings: dict[str, float], name: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """pyinfra(*args, **kwargs), its wall time kept in timings[name]."""
+    started = time.monotonic()
+    proc = pyinfra(*args, **kwargs)
+    timings[name] = time.monotonic() - started
+    return proc
+
+
+@contextmanager
+def converged_extra_host(index: int, timings: dict[str, float], label: str, *args: str):
+    """boot_extra_host(index), converged by deploy.py ARGS (its output in host.converge_out);
+    removed afterwards, the module's timings printed."""
+    host = boot_extra_host(index)
+    try:
+        proc = timed(timings, "converge", "deploy.py", *args, limit=host.name)
+        assert proc.returncode == 0, proc.out
+        host.converge_out = proc.out
+        yield host
+    finally:
+        remove_host(host)
+        print(f"\n{label} timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import shlex
-import time
 
 import pytest
 
 from sandbox import stale
-from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host
+from tests.integration.helpers import converged_extra_host, grand_total
+from tests.integration.helpers import timed as timed_run
 
 pytestmark = pytest.mark.sandbox
 
@@ -46,23 +46,13 @@ IN_UNIT = "for p in /proc/[0-9]*; do grep -qs ':/system.slice/sglang.service$' $
 
 
 def timed(name: str, *args, **kwargs):
-    started = time.monotonic()
-    proc = pyinfra(*args, **kwargs)
-    TIMINGS[name] = time.monotonic() - started
-    return proc
+    return timed_run(TIMINGS, name, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def host():
-    host = boot_extra_host(INDEX)
-    try:
-        proc = timed("converge", "deploy.py", limit=host.name)
-        assert proc.returncode == 0, proc.out
-        host.converge_out = proc.out
+    with converged_extra_host(INDEX, TIMINGS, "gpu balance") as host:
         yield host
-    finally:
-        remove_host(host)
-        print("\ngpu balance timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
 
 
 def pynvml_view(host) -> dict:
