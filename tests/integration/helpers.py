@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,19 +86,25 @@ def timed(timings: dict[str, float], name: str, *args: str, **kwargs) -> subproc
     return proc
 
 
-@contextmanager
-def converged_extra_host(index: int, timings: dict[str, float], label: str, *args: str):
-    """boot_extra_host(index), converged by deploy.py ARGS (its output in host.converge_out);
-    removed afterwards, the module's timings printed."""
-    host = boot_extra_host(index)
-    try:
-        proc = timed(timings, "converge", "deploy.py", *args, limit=host.name)
-        assert proc.returncode == 0, proc.out
-        host.converge_out = proc.out
-        yield host
-    finally:
-        remove_host(host)
-        print(f"\n{label} timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+SHARED_INDEX = 280  # the converged host test_gpu_balance, test_key_secrecy and test_model_draft share
+_SHARED: dict = {}
+
+
+def shared_converged_host(request, timings: dict[str, float]):
+    """One sandbox host (sgc280) converged by deploy.py with the sandbox's settings, shared by the
+    modules that need a converged host and leave it serving: booted and converged by the first
+    that asks (its output in host.converge_out; its time in timings["converge"]), removed at the
+    end of the session. Each module runs its own deploys on it; run alone, a module boots it."""
+    host = _SHARED.get("host")
+    if host is not None and host.run("true", check=False, timeout=30).returncode == 0:
+        return host
+    host = boot_extra_host(SHARED_INDEX)
+    request.config.add_cleanup(lambda: remove_host(host))
+    proc = timed(timings, "converge", "deploy.py", limit=host.name)
+    assert proc.returncode == 0, proc.out
+    host.converge_out = proc.out
+    _SHARED["host"] = host
+    return host
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2):

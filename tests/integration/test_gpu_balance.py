@@ -1,4 +1,5 @@
-"""The post-ready GPU balance check and pynvml in the server's venv, on a converged sandbox host (sgc280).
+"""The post-ready GPU balance check and pynvml in the server's venv, on a converged sandbox host
+(the shared sgc280: tests/integration/helpers.py).
 
 The venv gets nvidia-ml-py (group_data/sandbox.py, as sglang requires it); the guest's
 libnvidia-ml.so.1 is the NVML stand-in over the same simulated GPUs as nvidia-smi. A stale
@@ -15,12 +16,11 @@ import shlex
 import pytest
 
 from sandbox import stale
-from tests.integration.helpers import converged_extra_host, grand_total
+from tests.integration.helpers import grand_total, shared_converged_host
 from tests.integration.helpers import timed as timed_run
 
 pytestmark = pytest.mark.sandbox
 
-INDEX = 280
 PYTHON = "/opt/sglang/venv/bin/python"
 MIB = 1024 * 1024
 TIMINGS: dict[str, float] = {}
@@ -50,9 +50,9 @@ def timed(name: str, *args, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def host():
-    with converged_extra_host(INDEX, TIMINGS, "gpu balance") as host:
-        yield host
+def host(request):
+    yield shared_converged_host(request, TIMINGS)  # converged by this module when it runs first
+    print("\ngpu balance timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
 
 
 def pynvml_view(host) -> dict:

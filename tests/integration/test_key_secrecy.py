@@ -1,4 +1,4 @@
-"""The API key stays secret on a converged host (sgc250): the server is the
+"""The API key stays secret on a converged host (the shared sgc280, deployed with a key): the server is the
 stand-in that logs its start arguments like SGLang 0.5.23 (`server_args={...}`,
 api_key in clear), run through the unit's launcher (remote/server_launch.py)
 like the real one. The key appears 0 times in the journal of this boot, in any
@@ -17,11 +17,10 @@ import time
 
 import pytest
 
-from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host, unit_props
+from tests.integration.helpers import grand_total, pyinfra, shared_converged_host, unit_props
 
 pytestmark = pytest.mark.sandbox
 
-INDEX = 250
 KEY = "sk-secrecy-4c1d9e7a2b"
 # The key as a grep pattern that does not match itself: grep's own /proc/PID/cmdline holds the pattern
 KEY_PATTERN = shlex.quote(KEY[:-1] + f"[{KEY[-1]}]")
@@ -30,16 +29,13 @@ WORLD_READABLE_DIRS = "/etc /var/log /run /srv /opt /usr/local"
 
 
 @pytest.fixture(scope="module")
-def keyed_host():
-    host = boot_extra_host(INDEX)
-    try:
-        started = time.monotonic()
-        proc = pyinfra("deploy.py", limit=host.name, env={"SGLANG_API_KEY": KEY})
-        TIMINGS["deploy"] = time.monotonic() - started
-        yield host, proc
-    finally:
-        remove_host(host)
-        print("\nkey secrecy timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
+def keyed_host(request):
+    host = shared_converged_host(request, TIMINGS)  # a converged host, then deployed with the key
+    started = time.monotonic()
+    proc = pyinfra("deploy.py", limit=host.name, env={"SGLANG_API_KEY": KEY})
+    TIMINGS["deploy"] = time.monotonic() - started
+    yield host, proc
+    print("\nkey secrecy timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
 
 
 def count(host, command: str) -> int:

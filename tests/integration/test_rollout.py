@@ -160,7 +160,7 @@ def test_failing_canary_stops_the_rollout_and_leaves_the_others_untouched(hosts,
         rows = summary(proc.out)
         # the canary failed and was rolled back: its last good configuration serves again
         assert rows["sgc11"]["result"] == "failed", rows
-        assert rows["sgc11"]["error"].startswith("rolled back: ") and "invalid device ordinal" in proc.out, rows
+        assert "rolled back: cause: RuntimeError: CUDA error: invalid device ordinal" in rows["sgc11"]["error"], rows
         assert "stopped after batch canary" in proc.out
         assert "not touched: sgc12, sgc13, sgc14" in proc.out
         for name in SERVERS[1:]:

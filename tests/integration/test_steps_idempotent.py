@@ -103,6 +103,10 @@ def test_the_converged_host_serves(fresh_host):
     assert '"id":"tiny"' in fresh_host.run("curl -s http://127.0.0.1:30000/v1/models").stdout.replace(" ", "")
 
 
+def invocation(host) -> str:
+    return host.run("systemctl show sglang.service -p InvocationID --value").stdout.strip()
+
+
 def serves(host) -> bool:
     return (host.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
             and '"id":"tiny"' in host.run("curl -s http://127.0.0.1:30000/v1/models").stdout.replace(" ", ""))
@@ -120,7 +124,7 @@ def test_a_change_that_crashes_at_start_is_rolled_back_and_the_last_good_config_
     assert kept == ["env", "options", "recorded_at", "stamp.json", "unit", "700"], kept
     (tmp_path / "sandbox.py").write_text('extra_server_args = ["--base-gpu-id", "7"]\n')
     for attempt in (1, 2):
-        before = unit_props(fresh_host, "sglang.service")["InvocationID"]
+        before = invocation(fresh_host)
         proc = pyinfra("deploy.py", "--group-data", str(tmp_path), limit=fresh_host.name)
         assert proc.returncode != 0, proc.out[-4000:]
         assert "restart sglang.service: unit file changed" in proc.out, (attempt, proc.out[-4000:])
@@ -129,11 +133,13 @@ def test_a_change_that_crashes_at_start_is_rolled_back_and_the_last_good_config_
         # the host: the good unit back, a new process of it serving, the stamp saying what runs
         assert fresh_host.run(f"cat {unit}").stdout == good_unit, attempt
         assert "--base-gpu-id" not in fresh_host.run(f"cat {unit}").stdout
-        assert unit_props(fresh_host, "sglang.service")["InvocationID"] != before
+        assert invocation(fresh_host) != before
         assert serves(fresh_host), attempt
-    again = pyinfra("deploy.py", limit=fresh_host.name)
+    serving = invocation(fresh_host)
+    again = pyinfra("deploy.py", "-v", limit=fresh_host.name)  # -v: the no-op reasons are shown
     assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
     assert "sglang.service runs as wanted: no restart" in again.out
+    assert invocation(fresh_host) == serving
 
 
 def test_a_failing_server_is_reported_fast_with_the_journal_line(fresh_host, tmp_path):
