@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import struct
 import tempfile
 import threading
@@ -17,6 +19,7 @@ from pathlib import Path
 # huggingface_hub reads HF_HOME (cache, token path) and HF_HUB_OFFLINE when it is imported:
 # point it at a throw-away home before the import, and pin paths again per test below.
 _HF_HOME = tempfile.mkdtemp(prefix="test-hub-hfhome-")
+atexit.register(shutil.rmtree, _HF_HOME, True)  # gone with the test process
 os.environ["HF_HOME"] = _HF_HOME
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ.pop("HF_HUB_OFFLINE", None)
