@@ -52,14 +52,18 @@ PARSER_DEPS := msgspec==0.23.0 numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase6
 test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox/nvml-venv/.installed
 
 ## make test: lint (ruff, mypy), unit tests (facts, operations, spec, stand-ins) + sandbox integration tests.
-## The unit tests (CPU, loopback only) run beside the integration tests, which mostly wait on the
-## sandbox hosts; their output follows the integration tests' (in .sandbox/unit-tests.log).
-test: setup test-venvs lint
-	@mkdir -p .sandbox; $(PY) -m pytest -q -p no:cacheprovider tests/unit > .sandbox/unit-tests.log 2>&1 & unit=$$!; \
-	$(PY) -m pytest -q --durations=40 tests/integration; integration=$$?; \
+## Lint, the stand-ins' test venvs and the unit tests (CPU, loopback only) run beside the integration
+## tests, which mostly wait on the sandbox hosts; their output follows the integration tests' (in
+## .sandbox/unit-tests.log). INTEGRATION=... / UNIT=... run a part (default: all).
+INTEGRATION ?= tests/integration
+UNIT ?= tests/unit
+test: setup .sandbox/nvml-venv/.installed
+	@mkdir -p .sandbox; ( $(MAKE) --no-print-directory lint test-venvs && \
+		$(PY) -m pytest -q -p no:cacheprovider $(UNIT) ) > .sandbox/unit-tests.log 2>&1 & unit=$$!; \
+	$(PY) -m pytest -q --durations=40 $(INTEGRATION); integration=$$?; \
 	wait $$unit; unit_status=$$?; \
-	echo "== unit tests (run beside the integration tests) =="; cat .sandbox/unit-tests.log; \
-	echo "== integration tests: exit $$integration; unit tests: exit $$unit_status =="; \
+	echo "== lint, test venvs and unit tests (run beside the integration tests) =="; cat .sandbox/unit-tests.log; \
+	echo "== integration tests: exit $$integration; lint + unit tests: exit $$unit_status =="; \
 	[ $$integration -eq 0 ] && [ $$unit_status -eq 0 ]
 
 ## make lint: ruff and mypy, configured in pyproject.toml
