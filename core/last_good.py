@@ -33,7 +33,7 @@ from pyinfra.api import QuoteString, StringCommand
 from core.ops import stream
 from core.paths import STATE_DIR
 from core.runstate import Failure, run_state
-from core.stamps import pending_stamp_path, read_stamp, stamp_path
+from core.stamps import package_changes, pending_stamp_path, read_stamp, stamp_path
 from facts.files import FileText
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 STEP = "readiness"
 FILES = ("unit", "env", "options")  # what a configuration is, besides its stamp
+ALONE = "its files alone would not bring it back"
 
 
 def last_good_dir(spec: Spec) -> str:
@@ -90,13 +91,17 @@ def restore_script(spec: Spec, kept_dir: str | None = None) -> str:
 
 
 def _read_json(host, path: str) -> dict[str, Any]:
-    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(path), "2>/dev/null"),
-                                        print_output=False, print_input=False)
     try:
-        found = json.loads("\n".join(output.stdout_lines)) if ok else {}
+        found = json.loads(_read_text(host, path) or "{}")
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def _read_text(host, path: str) -> str:
+    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(path), "2>/dev/null"),
+                                        print_output=False, print_input=False)
+    return "\n".join(output.stdout_lines).strip() if ok else ""
 
 
 def same_files(kept: dict[str, Any], current: dict[str, Any]) -> bool:
@@ -117,17 +122,12 @@ def why_not_rolled_back(spec: Spec, last_good: dict[str, Any], current: dict[str
 def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any]) -> str | None:
     """Why a kept configuration's files alone would not bring it back (None: they would)."""
     if last_good.get("packages") != current.get("packages"):
-        before, now = last_good.get("package_versions", {}), current.get("package_versions", {})
-        changed = [f"{name} {before.get(name, '-')} -> {now.get(name, '-')}"
-                   for name in sorted(set(before) | set(now)) if before.get(name) != now.get(name)]
-        return (f"the venv's packages changed since it served ({', '.join(changed[:4]) or 'the package list'}): "
-                "its files alone would not bring it back")
-    if last_good.get("model_revision") != current.get("model_revision"):
-        return (f"the model revision changed since it served ({str(last_good.get('model_revision'))[:12]} -> "
-                f"{str(current.get('model_revision'))[:12]}): its files alone would not bring it back")
-    if last_good.get("draft_revision") != current.get("draft_revision"):
-        return (f"the draft model's revision changed since it served ({str(last_good.get('draft_revision'))[:12]} "
-                f"-> {str(current.get('draft_revision'))[:12]}): its files alone would not bring it back")
+        changes = package_changes(last_good.get("package_versions", {}), current.get("package_versions", {}))
+        return f"the venv's packages changed since it served{changes or ' (the package list)'}: " + ALONE
+    for key, what in (("model_revision", "the model revision"), ("draft_revision", "the draft model's revision")):
+        if last_good.get(key) != current.get(key):
+            return (f"{what} changed since it served ({str(last_good.get(key))[:12]} -> "
+                    f"{str(current.get(key))[:12]}): " + ALONE)
     return None
 
 
@@ -174,12 +174,6 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec) ->
     _say(host, f"readiness: rolled back: {spec.unit_name} serves the last good configuration again; the new one "
                f"failed: {failure.cause}")
     return False
-
-
-def _read_text(host, path: str) -> str:
-    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(path), "2>/dev/null"),
-                                        print_output=False, print_input=False)
-    return "\n".join(output.stdout_lines).strip() if ok else ""
 
 
 def rollback_source(spec: Spec) -> tuple[str | None, str]:

@@ -136,7 +136,8 @@ def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
     return wanted
 
 
-def _package_changes(before: dict[str, str], now: dict[str, str]) -> str:
+def package_changes(before: dict[str, str], now: dict[str, str]) -> str:
+    """" (name old -> new, ...)" of what differs (at most 4 named; "" when nothing was recorded before)."""
     changed = [f"{name} {before.get(name, '-')} -> {version}"
                for name, version in sorted(now.items()) if before.get(name) != version]
     changed += [f"{name} {version} -> -" for name, version in sorted(before.items()) if name not in now]
@@ -159,7 +160,7 @@ def restart_reasons(spec: Spec, rendered: Rendered, unit_state: UnitState | None
             reasons.append(f"{what} changed")
     if started_with.get("packages") != wanted["packages"]:
         reasons.append("venv packages changed"
-                       + _package_changes(started_with.get("package_versions", {}), wanted["package_versions"]))
+                       + package_changes(started_with.get("package_versions", {}), wanted["package_versions"]))
     if started_with.get("model_revision") != wanted["model_revision"]:
         reasons.append(f"model revision {str(started_with.get('model_revision'))[:12]} -> "
                        f"{str(wanted['model_revision'])[:12]}")

@@ -37,7 +37,7 @@ from tests.unit.test_fetch_model import fetch as run_fetch_model
 from tests.unit.test_fetch_model_step import COMPLETE, GONE, RUNNING, ScriptedHost
 from tests.unit.test_sglang_standin import (READY, SGLANG_VENV_PY, Bed, assert_failed_like_sglang, free_port, http,
                                             venv_python)
-from tests.unit.test_step_operations import HUB_FILES, REVISION, failure, gpus, sandbox_spec
+from tests.unit.test_step_operations import HUB_FILES, REVISION, failure, gpus, run, sandbox_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFT_REPO = "sandbox/tiny-kimi-eagle3"
@@ -184,11 +184,7 @@ def hub_answer(repo, revision, endpoint, token):
 
 
 def run_op(op, facts, **kwargs):
-    state = FakeState()
-    host = create_host(state, facts=facts)
-    with ctx_state.use(state), ctx_host.use(host), patch.object(disk_check, "hub_files", side_effect=hub_answer):
-        commands = list(op._inner(**kwargs))
-    return host, commands
+    return run(op, facts, _hub=hub_answer, **kwargs)
 
 
 def space(free: int) -> dict:

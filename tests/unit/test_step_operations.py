@@ -46,10 +46,13 @@ def gpus(count=8, used=0):
     return [Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000", 97887, used, "12.0", "580.95.05", f"0:{i}") for i in range(count)]
 
 
-def run(op, facts, **kwargs):
+def run(op, facts, _hub=None, **kwargs):
+    """The op's commands with these facts; the Hub's file sizes from ``_hub(repo, revision, endpoint, token)``
+    (default: HUB_FILES for every repo)."""
     state = FakeState()
     host = create_host(state, facts=facts)
-    with ctx_state.use(state), ctx_host.use(host), patch.object(disk_check, "hub_files", return_value=HUB_FILES):
+    hub = {"side_effect": _hub} if _hub else {"return_value": HUB_FILES}
+    with ctx_state.use(state), ctx_host.use(host), patch.object(disk_check, "hub_files", **hub):
         commands = list(op._inner(**kwargs))
     return host, commands
 
