@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_TOOLS := systemd-container mmdebstrap iptables openssh-client gcc libc6-dev curl
+APT_TOOLS := systemd-container mmdebstrap iptables openssh-client gcc libc6-dev curl rsync
 HOSTS ?= 1
 KEEP ?= 0
 
@@ -33,14 +33,14 @@ PARSER_DEPS := msgspec==0.23.0 numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase6
 	safetensors==0.8.0 huggingface_hub==1.33.0 compressed-tensors==0.18.0 transformers==5.19.0
 .sandbox/sglang-venv/.installed: Makefile
 	$(PYTHON) -m venv .sandbox/sglang-venv
-	.sandbox/sglang-venv/bin/pip install -q torch==2.13.0
+	.sandbox/sglang-venv/bin/pip install -q --no-compile torch==2.13.0
 	.sandbox/sglang-venv/bin/pip install -q --no-deps sglang==0.5.23
 	.sandbox/sglang-venv/bin/pip install -q $(PARSER_DEPS)
 	touch $@
 
 .sandbox/ct-venv/.installed:
 	$(PYTHON) -m venv .sandbox/ct-venv
-	.sandbox/ct-venv/bin/pip install -q torch==2.13.0 compressed-tensors==0.8.1
+	.sandbox/ct-venv/bin/pip install -q --no-compile torch==2.13.0 compressed-tensors==0.8.1
 	touch $@
 
 # pynvml (nvidia-ml-py, the release sglang 0.5.23 depends on) against the sandbox's simulated libnvidia-ml.so.1

@@ -9,7 +9,9 @@
     same time as the deploy's readiness step;
 (c) bench/rollout.py: the rolling rollout's overhead per host;
 (d) bench/transfer.py: the model download against curl, its content
-    verification against sha256sum.
+    verification against sha256sum;
+(e) bench/seeding.py: a 3-host rollout of a missing revision with peer
+    seeding against all from the Hub (Hub bytes and wall time).
 
 Every figure also goes to bench/results/latest.json (bench/results.py).
 
@@ -151,8 +153,10 @@ if __name__ == "__main__":
     code = main()
     from bench.rollout import main as rollout_bench  # (c) the rolling rollout's overhead per host
     from bench.transfer import main as transfer_bench  # (d) download and verification against curl, sha256sum
+    from bench.seeding import main as seeding_bench  # (e) a 3-host rollout with peer seeding against all from the Hub
 
     code = code or rollout_bench([])
     transfer_bench([])
+    code = code or seeding_bench([])
     print(f"bench: figures in {RESULTS.relative_to(ROOT)}")
     sys.exit(code)

@@ -18,6 +18,8 @@ STATE_DIR = "/var/lib/sglang-converge"  # restart stamps, root-only (0700)
 CACHE_DIR = "/var/cache/sglang-converge"  # get-pip.py, pip wheels, constraints files
 REMOTE_DIR = "/usr/local/lib/sglang-converge"  # uploaded helper scripts
 TOKEN_FILE = f"{CONFIG_DIR}/hf-token"  # the HF token for the download unit, 0600
+SEED_KEY_FILE = f"{CONFIG_DIR}/seed-key"  # a rollout's ssh key for copying the model from a peer, 0600
+SEED_KNOWN_HOSTS = f"{CONFIG_DIR}/seed-known-hosts"  # that peer's host keys, 0600
 MODEL_MARKER = ".sglang-converge.json"  # written into model_dir once a revision is verified
 
 GB = 10**9  # "GB" in messages and settings is decimal, like disk sizes

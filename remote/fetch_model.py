@@ -49,6 +49,7 @@ Exit codes and the one-line causes: hub_failures.py (uploaded beside this script
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import logging
 import os
@@ -62,6 +63,7 @@ from typing import NamedTuple
 from file_digests import NAMES, hash_files, hub_digest, split
 from hub_failures import (DOWNLOAD_DIR, EXIT_DISK, EXIT_VERIFY, SECRETS, Failure, IncompleteSnapshot,
                           _what, log, redact, with_retries)
+from peer_seed import Seeded, copy_from_peer, ssh_command
 
 MARKER = ".sglang-converge.json"
 GB = 1000**3
@@ -261,9 +263,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-wait-s", type=float, default=300.0, help="longest wait, Retry-After included")
     parser.add_argument("--read-timeout", type=int, default=30,
                         help="seconds without a byte before a request counts as stalled (HF_HUB_DOWNLOAD_TIMEOUT)")
+    parser.add_argument("--seed-from", help="user@host:/dir of a peer that holds the revision verified (peer_seed.py)")
+    parser.add_argument("--seed-port", type=int, default=22)
+    parser.add_argument("--seed-key", help="the ssh key for the peer (a root-only file)")
+    parser.add_argument("--seed-known-hosts", help="the peer's host keys (known_hosts format)")
     args = parser.parse_args(argv)
     if args.attempts < 1 or args.read_timeout < 1 or args.backoff_s < 0 or args.reserve_bytes < 0:
         parser.error("--attempts and --read-timeout are at least 1, --backoff-s and --reserve-bytes at least 0")
+    if args.seed_from and not (args.seed_key and args.seed_known_hosts):
+        parser.error("--seed-from needs --seed-key and --seed-known-hosts")
     return args
 
 
@@ -311,6 +319,7 @@ class Fetch:
         self.digests: dict[str, str | None] = {}  # the Hub's digest of each file (None: it gives none)
         self.before: dict[str, int] = {}  # what was still to fetch when the download started
         self.need = 0
+        self.seeded = Seeded(False)  # what the copy from a peer brought (--seed-from)
         self.started = time.monotonic()
 
     def retrying(self, what: str, call, tries: list | None = None):
@@ -335,6 +344,9 @@ class Fetch:
             self.local_dir.mkdir(parents=True, exist_ok=True)
             if self.lock is None:
                 self.claim()
+            self.started = time.monotonic()
+            if self.args.seed_from:
+                self.seed()
             self.download()
             return self.finish()
         except Failure as failure:
@@ -369,6 +381,21 @@ class Fetch:
             f"{probe} has {free / GB:.2f} GB free and {margin / GB:.2f} GB must stay free{reserved}")
         return EXIT_DISK
 
+    def seed(self) -> None:
+        """Copy what is missing from the peer first; whatever it does not bring comes from the Hub."""
+        args = self.args
+        self.seeded = copy_from_peer(args.seed_from, self.local_dir, still_to_fetch(self.local_dir, self.expected),
+                                     ssh_command(args.seed_key, args.seed_known_hosts, args.seed_port), log)
+        left = still_to_fetch(self.local_dir, self.expected)
+        rate = self.seeded.bytes / max(self.seeded.seconds, 1e-6) / 1e6
+        if self.seeded.ok:
+            log(f"seed: copied {plural(self.seeded.files, 'file')}, {self.seeded.bytes} bytes from the peer in "
+                f"{self.seeded.seconds:.1f} s ({rate:.1f} MB/s); every file is checked against the Hub's digests")
+        else:
+            log(f"seed: the copy from the peer {args.seed_from} failed: {self.seeded.why}; it brought "
+                f"{plural(self.seeded.files, 'file')} ({self.seeded.bytes} bytes); fetching the other "
+                f"{plural(len(left), 'file')} ({sum(left.values())} bytes) from the Hub")
+
     def download(self, again: list[str] | None = None) -> None:
         """Fetch what is not on disk at its size; `again`: files to delete first and fetch again."""
         if again:
@@ -378,13 +405,20 @@ class Fetch:
             self.before.update(still_to_fetch(self.local_dir, {name: self.expected[name] for name in again}))
         else:
             self.before = still_to_fetch(self.local_dir, self.expected)
-            self.started = time.monotonic()
+        if not self.before:  # everything is on disk at its size (a peer copied it): the digests decide
+            log(f"fetched {fetched_bytes(self.counter, self.local_dir, self.before)} from the Hub in this run "
+                f"(every file was on disk at its size)")
+            return
         attempts: list[int] = []
+        # only the files not on disk at their size: huggingface_hub would re-fetch the small files a peer
+        # copied (no download metadata of its own) and hash the big ones a second time
+        patterns = sorted(glob.escape(name) for name in still_to_fetch(self.local_dir, self.expected))
 
         def once() -> None:
             self.hub.snapshot_download(
                 self.repo, revision=self.revision, local_dir=str(self.local_dir), endpoint=self.args.endpoint,
-                token=self.token, max_workers=self.args.max_workers, etag_timeout=self.args.read_timeout)
+                token=self.token, max_workers=self.args.max_workers, etag_timeout=self.args.read_timeout,
+                allow_patterns=patterns)
             missing = still_to_fetch(self.local_dir, self.expected)
             if missing:
                 raise IncompleteSnapshot(missing)
@@ -427,8 +461,9 @@ class Fetch:
         tmp = self.local_dir / (MARKER + ".tmp")
         tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
         tmp.replace(self.local_dir / MARKER)
+        peer = f" ({self.seeded.bytes} of them copied from a peer)" if self.seeded.bytes else ""
         log(f"verified {len(self.expected)} files, {sum(self.expected.values())} bytes, "
-            f"downloaded {self.need} bytes in {time.monotonic() - self.started:.1f} s")
+            f"downloaded {self.need} bytes{peer} in {time.monotonic() - self.started:.1f} s")
         return 0
 
 

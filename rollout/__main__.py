@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rollback", action="store_true",
                         help="put each server's previous good configuration back (rollback.py), batch by batch")
     parser.add_argument("--no-preflight", action="store_true", help="skip the fleet preflight")
+    parser.add_argument("--no-seed", action="store_true",
+                        help="every host downloads from the Hub (default: a host copies a revision another host "
+                             "holds verified from that peer, rsync over ssh, then checks it against the Hub)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings, errors and the summary")
     return parser.parse_args(argv)
 
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         args.inventory, batch_size=args.batch_size, canary=args.canary, max_failed=args.max_failed,
         dry=args.dry, diff=args.diff, limit=args.limit, data=data, group_data=args.group_data,
         deploy_file="rollback.py" if args.rollback else args.deploy, preflight=not args.no_preflight,
+        seed=not args.no_seed and not args.rollback,
     )
     try:
         if args.status:

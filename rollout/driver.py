@@ -180,6 +180,7 @@ class Driver:
         deploy_file: str = "deploy.py",
         preflight: bool = True,
         echo: Callable[[str], None] | None = None,
+        seed: bool = True,
     ):
         self.inventory_path = str(inventory_path)
         self.batch_size = batch_size
@@ -194,6 +195,9 @@ class Driver:
         self.preflight = preflight
         self.echo = echo or (lambda line: print(line, flush=True))
         self.errors: dict[str, list[str]] = {}
+        self.seed = seed
+        self.specs: dict = {}  # server name -> its validated Spec (load())
+        self.addresses: dict[str, tuple[str, int]] = {}  # host name -> (ssh address, port)
 
     # -- pyinfra plumbing
 
@@ -269,18 +273,25 @@ class Driver:
                 routers.append(host.name)
                 continue
             servers.append(host.name)
+            self.specs[host.name] = spec
+            self.addresses[host.name] = (str(host.data.get("ssh_hostname") or host.name),
+                                         int(host.data.get("ssh_port") or 22))
             if spec.group_key:
                 self.groups[host.name] = spec.group_key
         if problems:
             raise SpecError(problems, header="invalid settings: nothing was changed")
         return routers, servers
 
-    def gather_preflight(self, routers: list[str], servers: list[str]) -> dict[str, list[str]]:
-        """{host: problems} for every targeted host that cannot take the model (or cannot be reached)."""
+    def gather_preflight(self, routers: list[str], servers: list[str],
+                         held: dict[str, set[str]] | None = None,
+                         missing: dict[str, set[str]] | None = None) -> dict[str, list[str]]:
+        """{host: problems} for every targeted host that cannot take the model (or cannot be reached);
+        ``held`` / ``missing`` get each server's pinned revisions ("repo@revision") it holds verified / lacks."""
         import gevent
         from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
         from core.checks import host_problems, resolved_spec
+        from rollout.seeding import revisions_held
         from tasks.spec import RouterSpec, SpecError, host_spec, validate_inventory
 
         state, config, inventory = self._state(check_for_changes=True)
@@ -303,7 +314,12 @@ class Driver:
                             spec = resolved_spec(spec)
                         except SpecError as err:
                             return [line.split(": ", 1)[-1] for line in err.lines]
-                        return host_problems(spec)  # the preflight step's own check
+                        found = host_problems(spec)  # the preflight step's own check
+                        have = revisions_held(spec)
+                        if held is not None and missing is not None:
+                            held[host.name] = {key for key, ok in have.items() if ok}
+                            missing[host.name] = {key for key, ok in have.items() if not ok}
+                        return found
 
                 greenlets = {host.name: gevent.spawn(one, host) for host in active if host.name in servers}
                 gevent.joinall(list(greenlets.values()))
@@ -316,17 +332,34 @@ class Driver:
             self._stop(state)
         return {name: lines for name, lines in problems.items() if lines}
 
-    def run_batch(self, batch: Batch, results: dict[str, HostResult]) -> None:
-        """Run (or, dry, prepare) the deploy on the hosts of one batch; fill their results."""
+    def run_on(self, name: str, command: str) -> tuple[bool, list[str]]:
+        """One shell command on one host of the inventory, outside any batch: (ok, its output lines)."""
+        from pyinfra.api import StringCommand
+
+        state, config, inventory = self._state(check_for_changes=False)
+        try:
+            active = self._start(state, config, inventory, [name])
+            if not active:
+                return False, self.errors.pop(name, ["cannot connect"])
+            ok, output = active[0].run_shell_command(StringCommand(command), print_output=False, print_input=False)
+            return ok, [*output.stdout_lines, *output.stderr_lines]
+        finally:
+            self._stop(state)
+
+    def run_batch(self, batch: Batch, results: dict[str, HostResult], offers: dict | None = None) -> None:
+        """Run (or, dry, prepare) the deploy on the hosts of one batch; fill their results. ``offers``: the
+        peers this batch's hosts may copy revisions from (core/seeding.py)."""
         from pyinfra.api.exceptions import PyinfraError
         from pyinfra.api.operations import run_ops
         from pyinfra.api.state import StateStage
         from pyinfra_cli.util import load_deploy_file
 
         from core.runstate import run_state
+        from core.seeding import offer
 
         state, config, inventory = self._state(check_for_changes=self.dry)
         run = run_state(state)
+        offer(state, offers or {})
         try:
             active = self._start(state, config, inventory, batch.hosts)
             if active:
@@ -395,9 +428,13 @@ class Driver:
         report = RolloutReport(results=results, batches=batches, exit_code=0)
         self.echo(f"rollout: {len(routers)} router host(s), {len(servers)} server(s) in {len(batches)} batch(es): "
                   + "; ".join(f"{b.label}: {', '.join(b.hosts)}" for b in batches))
+        seeding = self._seeding()
         if self.preflight:
             t0 = time.monotonic()
-            problems = self.gather_preflight(routers, servers)
+            held: dict[str, set[str]] = {}
+            missing: dict[str, set[str]] = {}
+            problems = self.gather_preflight(routers, servers, held, missing)
+            seeding.learn(held, missing)
             report.preflight_s = time.monotonic() - t0
             report.preflight_problems = problems
             if problems:
@@ -411,13 +448,35 @@ class Driver:
                 report.total_s = time.monotonic() - started
                 return report
             self.echo(f"rollout: preflight ok on {len(servers)} server(s) ({report.preflight_s:.1f} s)")
+        try:
+            self._run_batches(batches, report, seeding)
+        finally:
+            seeding.close()
+        report.total_s = time.monotonic() - started
+        return report
+
+    def _seeding(self):
+        from core.disk import pins
+        from rollout.seeding import PeerSeeding
+
+        def pinned(name: str) -> dict[str, str]:
+            spec = self.specs.get(name)
+            return {f"{pin.repo}@{pin.revision}": pin.local_dir for pin in pins(spec)} if spec else {}
+
+        return PeerSeeding(self.run_on, lambda name: self.addresses[name], pinned, self.echo,
+                           enabled=self.seed and not self.dry)
+
+    def _run_batches(self, batches: list[Batch], report: RolloutReport, seeding) -> None:
+        """The batches in order, each ready before the next; stops past --max-failed."""
+        results = report.results
         failed_total = 0
         for batch in batches:
             self.echo(f"rollout: batch {batch.label}: {', '.join(batch.hosts)}"
                       + (" (dry: plan only)" if self.dry else ""))
             t0 = time.monotonic()
-            self.run_batch(batch, results)
+            self.run_batch(batch, results, seeding.offers([n for n in batch.hosts if n in self.specs]))
             report.batch_seconds[batch.label] = time.monotonic() - t0
+            seeding.converged([n for n in batch.hosts if n in self.specs and results[n].result == "ok"])
             if self.dry:
                 for name in batch.hosts:
                     changes = results[name].changes
@@ -440,8 +499,6 @@ class Driver:
             self.echo(f"rollout: {failed_total} host(s) failed, within --max-failed {self.max_failed}: "
                       f"the other batches ran; failed: {', '.join(failed)}")
             report.exit_code = 1
-        report.total_s = time.monotonic() - started
-        return report
 
 
 # --------------------------------------------------------------------------- output

@@ -455,7 +455,10 @@ def pip_settings() -> dict[str, str]:
 def _guest_pip_conf() -> tuple[str, list[Path]]:
     """(pip.conf text, machine files to copy to the same path in the guest)."""
     settings = pip_settings()
-    lines = ["[global]", "disable-pip-version-check = true"]
+    # no byte-compiling in the test bed: torch's ~3,000 modules cost ~13 s of CPU per venv (of ~20 s to
+    # install it); Python compiles what it imports anyway. pip reads "no-compile = false" as --no-compile
+    # (its inverted-boolean quirk for --no-* options)
+    lines = ["[global]", "disable-pip-version-check = true", "no-compile = false"]
     extra_files: list[Path] = []
     for key in ("index-url", "extra-index-url", "find-links"):
         if key in settings:

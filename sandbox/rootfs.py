@@ -36,6 +36,7 @@ PACKAGES = (
     "curl",
     "ca-certificates",
     "sudo",
+    "rsync",  # peer seeding: a host copies the model from a peer over ssh (remote/peer_seed.py)
 )
 # bump when _finish_rootfs changes what it bakes in
 POST_VERSION = "1"

@@ -40,7 +40,8 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 
 from core.disk import DiskNeed, HubError, Pin, disk_need, hf_token, model_complete, pins, shortfall
 from core.ops import fail_command, gb, plan, record_failure
-from core.paths import CONFIG_DIR, MODEL_MARKER, REMOTE_DIR, REMOTE_SRC_DIR, TOKEN_FILE
+from core.paths import CONFIG_DIR, MODEL_MARKER, REMOTE_DIR, REMOTE_SRC_DIR, SEED_KEY_FILE, SEED_KNOWN_HOSTS, TOKEN_FILE
+from core.seeding import SeedSource, seed_source
 from facts.model_dir import ModelDir, ModelDirState
 from tasks.spec import Spec
 
@@ -48,7 +49,7 @@ FETCH_UNIT = "sglang-model-fetch.service"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
 LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
 # modules the script imports from its own directory, uploaded beside it
-FETCH_MODULES = ("hub_failures.py", "file_digests.py")
+FETCH_MODULES = ("hub_failures.py", "file_digests.py", "peer_seed.py")
 # remote/fetch_model.py's exit codes
 EXIT_MEANINGS = {
     1: "an error that is not retried",
@@ -61,7 +62,8 @@ EXIT_MEANINGS = {
 RUNNING = ("active", "activating", "deactivating", "reloading")
 UNIT_PROPS = "LoadState,ActiveState,Result,ExecMainCode,ExecMainStatus,InvocationID"
 # what the step shows of a successful run's journal: cleanup, retries (the script's and the library's), bytes, proof
-REPORTED = ("removed ", "attempt ", "huggingface_hub: ", "fetched ", "DIGEST MISMATCH:", "verified ")
+REPORTED = ("removed ", "attempt ", "huggingface_hub: ", "seed: copying", "seed: copied", "seed: the copy",
+            "fetched ", "DIGEST MISMATCH:", "verified ")
 CAUSES = ("FAILED:", "VERIFY FAILED:", "REFUSED:")  # fetch_model's lines that say why it failed
 
 
@@ -81,7 +83,8 @@ class Download:
     expected: dict[str, int]  # the revision's files and sizes (the Hub's)
     token_file: str | None
     label: str = "model"  # how the lines name it: "model" or "model: draft"
-    last: bool = True  # the last download of the run: the token file goes after it (or after a failure)
+    last: bool = True  # the last download of the run: the secret files go after it (or after a failure)
+    seed_files: tuple[str, ...] = ()  # the peer's key and host keys (peer seeding): removed like the token
 
 
 class _Remote:
@@ -241,9 +244,10 @@ def _fetch(state, host, download: Download) -> bool:
     except RuntimeError as err:
         cause = f"{download.label}: {err}"
     finally:
-        if download.token_file and (download.last or not ok):  # a later download of this run still needs it
+        secrets = [*([download.token_file] if download.token_file else []), *download.seed_files]
+        if secrets and (download.last or not ok):  # a later download of this run still needs them
             try:
-                remote.run(f"rm -f {_shell_quote(download.token_file)}")
+                remote.run("rm -f " + " ".join(_shell_quote(path) for path in secrets))
             except HostLost:
                 pass
     host.log_styled(cause, fg="red", log_func=logger.error)
@@ -273,9 +277,11 @@ def _in_place(pin: Pin) -> str:
     return f"{'draft ' if pin.what == 'draft' else ''}{pin.repo}@{pin.revision[:12]} is in {pin.local_dir}, verified"
 
 
-def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options: dict, token_file: str | None) -> str:
+def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options: dict, token_file: str | None,
+                seed: SeedSource | None = None) -> str:
     """fetch_model.py's command line for one download, shell-quoted; ``reserve``: bytes a later download of
-    this run still needs on the same disk (fetch_model keeps them free too)."""
+    this run still needs on the same disk (fetch_model keeps them free too); ``seed``: a peer to copy from
+    first, when it holds this revision."""
     argv = [python, FETCH_SCRIPT, "--repo", pin.repo, "--revision", pin.revision, "--local-dir", pin.local_dir,
             "--margin-bytes", str(margin_bytes), "--attempts", str(options["attempts"]),
             "--backoff-s", str(options["backoff_s"]), "--read-timeout", str(options["read_timeout_s"])]
@@ -285,20 +291,42 @@ def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options:
         argv += ["--endpoint", options["endpoint"]]
     if token_file:
         argv += ["--token-file", token_file]
+    peer_dir = seed.dir_for(pin.repo, pin.revision) if seed else None
+    if seed and peer_dir:
+        argv += ["--seed-from", seed.source(peer_dir), "--seed-port", str(seed.port), "--seed-key", SEED_KEY_FILE,
+                 "--seed-known-hosts", SEED_KNOWN_HOSTS]
     return " ".join(_shell_quote(arg) for arg in argv)
 
 
 def _downloads(python: str, todo: list[tuple[Pin, DiskNeed]], margin_bytes: int, options: dict,
-               token_file: str | None) -> list[Download]:
+               token_file: str | None, seed: SeedSource | None = None) -> list[Download]:
     """One Download per missing revision, in order; each keeps what the later ones need on its disk free."""
     out = []
+    seed_files = (SEED_KEY_FILE, SEED_KNOWN_HOSTS) if seed else ()
     for i, (pin, need) in enumerate(todo):
         reserve = sum(later.need for _pin, later in todo[i + 1:] if later.mount == need.mount)
         out.append(Download(repo=pin.repo, revision=pin.revision, local_dir=pin.local_dir,
-                            argv=_fetch_argv(python, pin, margin_bytes, reserve, options, token_file),
+                            argv=_fetch_argv(python, pin, margin_bytes, reserve, options, token_file, seed),
                             need=need.need, expected=need.expected, token_file=token_file,
-                            label="model: draft" if pin.what == "draft" else "model", last=i == len(todo) - 1))
+                            label="model: draft" if pin.what == "draft" else "model", last=i == len(todo) - 1,
+                            seed_files=seed_files))
     return out
+
+
+def _plan_downloads(todo: list[tuple[Pin, DiskNeed]], seed: SeedSource | None) -> None:
+    for pin, need in todo:
+        peer_dir = seed.dir_for(pin.repo, pin.revision) if seed else None
+        plan(f"download {'draft ' if pin.what == 'draft' else ''}{pin.repo}@{pin.revision[:12]} into "
+             f"{pin.local_dir}: {gb(need.need)} of {gb(need.total)} ({need.files} files; {gb(need.free)} free "
+             f"at {need.where})" + (f", copied from the peer {seed.peer} ({peer_dir}) first, the rest from the Hub, "
+                                    f"all checked against the Hub's digests" if seed and peer_dir else ""))
+
+
+def _seeded(seed: SeedSource | None, todo: list[tuple[Pin, DiskNeed]]) -> SeedSource | None:
+    """The peer, when it holds one of the revisions still missing (else no copy is tried)."""
+    if seed is None or not any(seed.dir_for(pin.repo, pin.revision) for pin, _need in todo):
+        return None
+    return seed
 
 
 @operation()
@@ -316,10 +344,16 @@ def model_downloaded(
     draft_repo: str | None = None,
     draft_revision: str | None = None,
     draft_dir: str | None = None,
+    seed: SeedSource | None = None,
 ):
     """
     Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified (and
     ``draft_dir`` the draft model ``draft_repo`` at ``draft_revision``, when given).
+
+    ``seed`` (offered by a rollout, core/seeding.py): a peer that holds a
+    revision verified; the download copies it from there first (rsync over
+    ssh), then fetches from the Hub what is still missing, and checks every
+    file against the Hub's digests either way.
 
     Refuses before any change when the Hub does not have a revision (or the
     repo, or refuses the token), or when the bytes still needed (model and
@@ -354,10 +388,8 @@ def model_downloaded(
         plan(f"model: {short}")
         yield fail_command(f"model: {short}")
         return
-    for pin, need in todo:
-        plan(f"download {'draft ' if pin.what == 'draft' else ''}{pin.repo}@{pin.revision[:12]} into "
-             f"{pin.local_dir}: {gb(need.need)} of {gb(need.total)} ({need.files} files; {gb(need.free)} free "
-             f"at {need.where})")
+    seed = _seeded(seed, todo)
+    _plan_downloads(todo, seed)
     yield StringCommand("install -d -m 755", REMOTE_DIR, CONFIG_DIR)
     yield FileUploadCommand(str(LOCAL_FETCH_SCRIPT), FETCH_SCRIPT)
     for module in FETCH_MODULES:
@@ -367,8 +399,12 @@ def model_downloaded(
         token_file = TOKEN_FILE
         yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(token_file))
         yield FileUploadCommand(StringIO(token), token_file)
+    if seed:
+        for path, text in ((SEED_KEY_FILE, seed.private_key), (SEED_KNOWN_HOSTS, seed.known_hosts)):
+            yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(path))
+            yield FileUploadCommand(StringIO(text), path)
     options = {"attempts": attempts, "backoff_s": backoff_s, "read_timeout_s": read_timeout_s, "endpoint": endpoint}
-    for download in _downloads(python, todo, margin_bytes, options, token_file):
+    for download in _downloads(python, todo, margin_bytes, options, token_file, seed):
         yield FunctionCommand(_fetch, (download,), {})
 
 
@@ -391,6 +427,7 @@ def model(spec: Spec) -> None:
         draft_repo=draft.repo if draft else None,
         draft_revision=draft.revision if draft else None,
         draft_dir=draft.local_dir if draft else None,
+        seed=seed_source(host.name),
         name=f"model {spec.profile.repo}@{spec.profile.revision[:12]}"
         + (f" + draft {draft.repo}@{draft.revision[:12]}" if draft else ""),
     )

@@ -23,7 +23,7 @@ SERVERS = ["sgc11", "sgc12", "sgc13", "sgc14"]
 ROUTER_URL = "http://10.77.10.2:30000"
 ENV = {"SGC_FLEET_INDEXES": "10-14", "SGC_FLEET_ROUTER": ROUTER, "PYINFRA_PROGRESS": "off"}
 
-_SESSION: dict = {"hosts": None, "converged": False}
+_SESSION: dict = {"hosts": None, "converged": False, "converge": None}
 
 
 def fleet(request) -> dict:
@@ -40,10 +40,21 @@ def fleet(request) -> dict:
         wait_for_ssh(booted)
         _SESSION["hosts"] = {h.name: h for h in booted}
     if not _SESSION["converged"]:
-        proc = rollout("--batch-size", "4", "-q", timeout=900)
+        from sandbox import hubd
+
+        # the canary downloads from the Hub, the other three copy from it (peer seeding)
+        before = hubd.stats()
+        proc = rollout("--canary", "1", "--batch-size", "3", "-q", timeout=900)
         assert proc.returncode == 0, proc.out[-6000:]
+        _SESSION["converge"] = {"out": proc.out, "hub_before": before, "hub_after": hubd.stats()}
         _SESSION["converged"] = True
     return _SESSION["hosts"]
+
+
+def first_converge() -> dict:
+    """The fleet's first converge: its output, the Hub's stats before and after it."""
+    assert _SESSION["converge"] is not None, "fleet() converges the fleet first"
+    return _SESSION["converge"]
 
 
 def wait_for_ssh(hosts, timeout: float = 120) -> None:

@@ -14,6 +14,7 @@ import pytest
 from tests.integration.fleet_helpers import (
     ROUTER,
     SERVERS,
+    first_converge,
     fleet,
     override,
     rollout,
@@ -46,6 +47,35 @@ def rolled(hosts, tmp_path_factory):
     proc = rollout("--batch-size", "2", "--canary", "1", "--group-data", folder)
     TIMINGS["rolling rollout (4 restarts)"] = time.monotonic() - started
     return folder, before, proc
+
+
+def test_the_fleet_took_the_model_from_the_hub_once_and_the_rest_from_the_canary(hosts):
+    """Peer seeding: the canary (sgc11) downloads the revision, sgc12..14 copy it from sgc11 with rsync over
+    ssh and verify it against the Hub's digests; the Hub serves about 1x the model's bytes in all."""
+    converge = first_converge()
+    assert "rollout: seed: sgc12, sgc13, sgc14 copy what they lack from sgc11 (10.77.11.2)" in converge["out"], \
+        converge["out"][-6000:]
+    before, after = converge["hub_before"]["clients"], converge["hub_after"]["clients"]
+
+    def file_bytes(name: str) -> int:
+        address = f"10.77.{name[3:]}.2"
+        return after.get(address, {}).get("file_bytes", 0) - before.get(address, {}).get("file_bytes", 0)
+
+    marker = json.loads(hosts["sgc11"].run("cat /srv/models/tiny/.sglang-converge.json").stdout)
+    model_bytes = sum(marker["files"].values())
+    assert file_bytes("sgc11") == model_bytes, (file_bytes("sgc11"), model_bytes)
+    assert [file_bytes(name) for name in ("sgc12", "sgc13", "sgc14")] == [0, 0, 0]
+    for name in ("sgc12", "sgc13", "sgc14"):
+        host = hosts[name]
+        journal = host.run("journalctl -u sglang-model-fetch.service -o cat --no-pager").stdout
+        assert re.search(rf"seed: copied \d+ files, {model_bytes} bytes from the peer", journal), journal[-3000:]
+        assert "verified" in journal and "by digest" in journal
+        theirs = json.loads(host.run("cat /srv/models/tiny/.sglang-converge.json").stdout)
+        assert theirs["digests"] == marker["digests"] and theirs["revision"] == marker["revision"]
+        assert host.run("ls /etc/sglang/seed-key /etc/sglang/seed-known-hosts", check=False).returncode != 0
+    # the peer's key for this rollout is gone (and was there: the copy needed it)
+    keys = hosts["sgc11"].run("cat /root/.ssh/authorized_keys").stdout
+    assert "sglang-converge-seed-" not in keys and keys.strip()
 
 
 def test_preflight_reports_every_host_and_changes_nothing(hosts):
