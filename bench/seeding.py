@@ -1,7 +1,7 @@
 """Bench: a 3-host rollout of a revision the hosts lack, with peer seeding against all from the Hub.
 
-A fleet of its own (sgc21..sgc23, servers only: inventory/sandbox_fleet.py with
-SGC_FLEET_INDEXES=21-23 and no router), converged once. Then, twice per mode,
+A fleet of its own (sgc25..sgc27, servers only: inventory/sandbox_fleet.py with
+SGC_FLEET_INDEXES=25-27 and no router), converged once. Then, twice per mode,
 every host's model dir is removed and the rollout runs with a canary and one
 batch of two, the Hub stand-in throttled to a fixed rate (all its clients
 share it, like one uplink):
@@ -33,9 +33,9 @@ from sandbox import hosts as sandbox_api
 from sandbox import hubd
 
 ROOT = Path(__file__).resolve().parent.parent
-INDEXES = [21, 22, 23]
+INDEXES = [25, 26, 27]
 NAMES = [f"sgc{i}" for i in INDEXES]
-ENV = {"SGC_FLEET_INDEXES": "21-23", "SGC_FLEET_ROUTER": "", "PYINFRA_PROGRESS": "off"}
+ENV = {"SGC_FLEET_INDEXES": "25-27", "SGC_FLEET_ROUTER": "", "PYINFRA_PROGRESS": "off"}
 MODEL_DIR = "/srv/models/tiny"  # group_data/sandbox.py's model, served_model_name "tiny"
 ROLLOUT = [sys.executable, "-m", "rollout", "inventory/sandbox_fleet.py", "-q"]
 
@@ -63,7 +63,7 @@ def one_round(hosts, seeded: bool) -> dict:
     hubd.stats(reset=True)
     took, out = _rollout("--canary", "1", "--batch-size", "2", *([] if seeded else ["--no-seed"]))
     stats = hubd.stats()
-    assert ("copy what they lack from sgc21" in out) is seeded, out[-3000:]
+    assert ("copy what they lack from sgc25" in out) is seeded, out[-3000:]
     return {"s": took, "hub_bytes": stats["file_bytes"]}
 
 
