@@ -32,6 +32,7 @@ from pyinfra.api import QuoteString, StringCommand
 
 from core.ops import stream
 from core.paths import STATE_DIR
+from core.router_api import register_workers
 from core.runstate import Failure, run_state
 from core.stamps import package_changes, pending_stamp_path, read_stamp, stamp_path
 from facts.files import FileText
@@ -173,7 +174,21 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec) ->
     failures[-1] = Failure(STEP, f"rolled back: {failure.cause}", failure.detail)
     _say(host, f"readiness: rolled back: {spec.unit_name} serves the last good configuration again; the new one "
                f"failed: {failure.cause}")
+    _back_in_router(state, host, spec)
     return False
+
+
+def _back_in_router(state, host, spec: Spec) -> None:
+    """The rolled-back server serves: back into the router it was drained from (the run still fails)."""
+    if spec.router_url is None or spec.worker_url is None:
+        return
+    if register_workers(state, host, spec.venv_python, spec.router_url, [spec.worker_url], False,
+                        auth_file=spec.auth_file):
+        _say(host, f"readiness: {spec.worker_url} is back in the router at {spec.router_url} (the last good "
+                   f"configuration serves)")
+    else:
+        _say(host, f"readiness: the rolled-back server could not be put back in the router at {spec.router_url}: "
+                   f"the next successful run registers it")
 
 
 def rollback_source(spec: Spec) -> tuple[str | None, str]:

@@ -200,10 +200,11 @@ def test_failing_canary_stops_the_rollout_and_leaves_the_others_untouched(hosts,
         assert hosts["sgc11"].run("cat /etc/systemd/system/sglang.service").stdout == units["sgc11"]
         assert hosts["sgc11"].run("curl -s -o /dev/null -w '%{http_code}' localhost:30000/health").stdout == "200"
         assert started_us(hosts["sgc11"]) != started["sgc11"]  # restarted twice: the broken config, then the good
+        # drained before the broken restart, back in the router once the rolled-back configuration served
+        assert "sgc11] readiness: http://10.77.11.2:30000 is back in the router at" in proc.out, proc.out[-5000:]
         workers = json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]
-        urls = sorted(w["url"] for w in workers)
-        # drained, not put back (the run failed); the untouched servers are still there (positive control)
-        assert urls == [f"http://10.77.{i}.2:30000" for i in (12, 13, 14)], urls
+        assert sorted(w["url"] for w in workers if w["is_healthy"]) == [
+            f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)], workers
     finally:
         healed = rollout("--limit", "sgc11", "--group-data", rolled_folder)
         assert healed.returncode == 0, healed.out[-5000:]
