@@ -78,8 +78,18 @@ unit: $(VENV)/.installed
 demo: setup
 	$(PY) -m sandbox.demo $(if $(filter 1,$(KEEP)),--keep,)
 
-bench: setup
-	$(PY) -m bench
+# ansible-core for the bench's no-op comparison only (bench/ansible/noop.yml): its own venv, not a project dependency
+ANSIBLE_CORE := ansible-core==2.19.14
+.sandbox/ansible-venv/.installed: Makefile
+	$(PYTHON) -m venv .sandbox/ansible-venv
+	.sandbox/ansible-venv/bin/pip install -q $(ANSIBLE_CORE)
+	touch $@
+
+## make bench: every benchmark, then a table of every figure with its goal; PART=noop (report, rollout,
+## transfer, seeding) runs one part and keeps the other parts' figures in bench/results/latest.json
+PART ?=
+bench: setup .sandbox/ansible-venv/.installed
+	$(PY) -m bench $(foreach p,$(PART),--part $(p))
 
 ## make rollout INVENTORY=inventory/sandbox_fleet.py BATCH=2 CANARY=1: rolling rollout of deploy.py (python -m rollout)
 INVENTORY ?= inventory/sandbox_fleet.py

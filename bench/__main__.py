@@ -1,8 +1,8 @@
 """`make bench`: the deploy's costs as ratios against a baseline measured side by side.
 
-(a) no-op re-run of the deploy on a converged sandbox host, against the same
-    number of plain `ssh host true` round trips as the deploy ran commands
-    (its facts): what pyinfra and our steps add on top of ssh itself;
+(a) bench/noop.py: no-op re-run of the deploy on a converged sandbox host,
+    beside the same checks as an Ansible playbook and the floor (every
+    command the deploy sends, in one ssh round trip);
 (b) delay between the server becoming ready (or failing) and the deploy
     reporting it, against the reference incident's hand-written loop
     (every 10 s: `systemctl is-active`, then curl), run on the host at the
@@ -13,7 +13,10 @@
 (e) bench/seeding.py: a 3-host rollout of a missing revision with peer
     seeding against all from the Hub (Hub bytes and wall time).
 
-Every figure also goes to bench/results/latest.json (bench/results.py).
+Every figure also goes to bench/results/latest.json (bench/results.py); the
+run ends with a table of every figure there, its goal and whether it is met
+(bench/table.py). `--part noop` (report, rollout, transfer, seeding) runs one part:
+its figures replace theirs in latest.json, the others' stay.
 
 Absolute seconds depend on the machine; the ratios are the result. Nothing
 here is asserted: tests assert behaviour, benchmarks measure.
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 
 from bench.results import RESULTS, record, start
+from bench.table import main as table
 from sandbox import hosts as sandbox_api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,25 +58,6 @@ done
 def pyinfra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*PYINFRA, "-y", "--limit", HOST, "inventory/sandbox.py", *args], cwd=ROOT,
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
-
-
-def noop_rerun(host, repeats: int) -> dict:
-    runs, counts = [], []
-    for _ in range(repeats):
-        started = time.monotonic()
-        proc = pyinfra("-v", "deploy.py")
-        runs.append(time.monotonic() - started)
-        out = proc.stdout + proc.stderr
-        assert "Grand total" in out, out[-2000:]
-        counts.append(len(re.findall(r"Loaded fact", out)))
-    commands = max(counts)
-    baseline = []
-    for _ in range(repeats):
-        started = time.monotonic()
-        for _ in range(commands):
-            subprocess.run([*host.ssh_args(), "true"], check=True)
-        baseline.append(time.monotonic() - started)
-    return {"deploy_s": statistics.median(runs), "commands": commands, "ssh_s": statistics.median(baseline)}
 
 
 def _stream_until(proc: subprocess.Popen, pattern: str) -> float | None:
@@ -118,45 +103,74 @@ def report_delay(host, outcome: str) -> dict:
     return {"deploy_delay_s": reported - event, "baseline_delay_s": float(baseline_out[1]) - event}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args(argv)
-    start()  # bench/results/latest.json: this run's figures only
+PARTS = ("noop", "report", "rollout", "transfer", "seeding")
+
+
+def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
+    """(a) and (b), on sgc9: converged once, then measured."""
+    from bench.noop import measure
+
     try:
         host = sandbox_api.up(indexes=[INDEX])[0]
         print(f"bench: converging {HOST} (simulated GPUs) ...", flush=True)
         proc = pyinfra("deploy.py")
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-        a = noop_rerun(host, args.repeats)
-        print(f"(a) no-op re-run: deploy {a['deploy_s']:.2f} s vs {a['commands']} x `ssh host true` "
-              f"{a['ssh_s']:.2f} s  -> ratio {a['deploy_s'] / a['ssh_s']:.2f}")
-        record({"noop_s": a["deploy_s"], "noop_fact_commands": a["commands"], "ssh_true_x_commands_s": a["ssh_s"]})
-        for outcome in ("ready", "fail"):
-            delays = [report_delay(host, outcome) for _ in range(args.repeats)]
-            deploy = statistics.median(d["deploy_delay_s"] for d in delays)
-            base = statistics.median(d["baseline_delay_s"] for d in delays)
-            print(f"(b) report delay after the server {'became ready' if outcome == 'ready' else 'failed'}: "
-                  f"deploy {deploy:.2f} s vs 10 s poll loop {base:.2f} s -> ratio {deploy / base:.3f} "
-                  f"(median of {args.repeats})")
-            record({"ready_report_s" if outcome == "ready" else "crash_report_s": deploy,
-                    "poll_loop_ready_report_s" if outcome == "ready" else "poll_loop_crash_report_s": base})
-            pyinfra("deploy.py")  # back to a ready server
+        if "noop" in parts:
+            a = measure(host, ["-y", "-v", "--limit", HOST, "inventory/sandbox.py", "deploy.py"], repeats)
+            print(f"(a) no-op re-run: deploy {a['noop_s']:.2f} s ({a['noop_host_commands']} commands on the host) vs "
+                  f"Ansible {a['ansible_noop_s']:.2f} s ({a['ansible_tasks']} tasks) -> ansible_over_noop "
+                  f"{a['ansible_over_noop']:.2f} (goal >= 6); floor ({a['floor_distinct_commands']} commands, one "
+                  f"ssh round trip) {a['floor_noop_s']:.2f} s -> noop_over_floor {a['noop_over_floor']:.2f} "
+                  f"(goal <= 2; median of {repeats})", flush=True)
+            record(a)
+        if "report" in parts:
+            for outcome in ("ready", "fail"):
+                delays = [report_delay(host, outcome) for _ in range(repeats)]
+                deploy = statistics.median(d["deploy_delay_s"] for d in delays)
+                base = statistics.median(d["baseline_delay_s"] for d in delays)
+                print(f"(b) report delay after the server {'became ready' if outcome == 'ready' else 'failed'}: "
+                      f"deploy {deploy:.2f} s vs 10 s poll loop {base:.2f} s -> ratio {deploy / base:.3f} "
+                      f"(median of {repeats})")
+                record({"ready_report_s" if outcome == "ready" else "crash_report_s": deploy,
+                        "poll_loop_ready_report_s" if outcome == "ready" else "poll_loop_crash_report_s": base})
+                pyinfra("deploy.py")  # back to a ready server
     finally:
-        if not args.keep:
+        if not keep:
             sandbox_api.remove(HOST)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help=f"leave {HOST} running")
+    parser.add_argument("--part", action="append", choices=PARTS,
+                        help="run only this part (repeatable; default: all, and latest.json starts afresh)")
+    args = parser.parse_args(argv)
+    parts = args.part or list(PARTS)
+    if not args.part:
+        start()  # bench/results/latest.json: this run's figures only
+    code = 0
+    try:
+        if "noop" in parts or "report" in parts:
+            host_parts(parts, args.repeats, args.keep)
+        if "rollout" in parts:
+            from bench.rollout import main as rollout_bench  # (c) the rolling rollout's overhead per host
+
+            code = rollout_bench([])
+        if "transfer" in parts:
+            from bench.transfer import main as transfer_bench  # (d) download and verification vs curl, sha256sum
+
+            transfer_bench([])
+        if "seeding" in parts:
+            from bench.seeding import main as seeding_bench  # (e) a 3-host rollout with peer seeding vs all from the Hub
+
+            code = code or seeding_bench([])
+    finally:
+        print(f"bench: figures in {RESULTS.relative_to(ROOT)}")
+        table()
+    return code
 
 
 if __name__ == "__main__":
-    code = main()
-    from bench.rollout import main as rollout_bench  # (c) the rolling rollout's overhead per host
-    from bench.transfer import main as transfer_bench  # (d) download and verification against curl, sha256sum
-    from bench.seeding import main as seeding_bench  # (e) a 3-host rollout with peer seeding against all from the Hub
-
-    code = code or rollout_bench([])
-    transfer_bench([])
-    code = code or seeding_bench([])
-    print(f"bench: figures in {RESULTS.relative_to(ROOT)}")
-    sys.exit(code)
+    sys.exit(main())

@@ -58,13 +58,14 @@ def deploy_once(pyinfra_argv: list[str], record: Path | None = None) -> tuple[fl
     return seconds, out
 
 
+def distinct(commands: list[str]) -> list[str]:
+    """The commands, each once, in the order first sent."""
+    return list(dict.fromkeys(commands))
+
+
 def floor_script(commands: list[str]) -> str:
     """The distinct commands, in order, each with its own stdin closed, as one shell script."""
-    seen: list[str] = []
-    for command in commands:
-        if command not in seen:
-            seen.append(command)
-    return "".join(f"{command} </dev/null\n" for command in seen)
+    return "".join(f"{command} </dev/null\n" for command in distinct(commands))
 
 
 def floor_once(host, script: str) -> float:
@@ -147,5 +148,5 @@ def measure(host, pyinfra_argv: list[str], repeats: int) -> dict:
         "noop_s": median["deploy"], "ansible_noop_s": median["ansible"], "floor_noop_s": median["floor"],
         "ansible_over_noop": median["ansible"] / median["deploy"], "noop_over_floor": median["deploy"] / median["floor"],
         "noop_fact_reads": max(facts), "noop_host_commands": len(commands),
-        "floor_distinct_commands": script.count("\n"), "ansible_tasks": recap["ok"],
+        "floor_distinct_commands": len(distinct(commands)), "ansible_tasks": recap["ok"],
     }

@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
     sent: list[str] = []
     original = paramiko.SSHClient.exec_command
 
-    def exec_command(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def exec_command(self, command, *args, **kwargs):
         sent.append(command if isinstance(command, str) else command.decode())
         return original(self, command, *args, **kwargs)
 

@@ -82,7 +82,7 @@ def install() -> None:
         forget(self)
         return put_file(self, *args, **kwargs)
 
-    Host.get_fact = cached_get_fact  # type: ignore[method-assign]
+    Host.get_fact = cached_get_fact  # type: ignore[method-assign,assignment]
     Host.run_shell_command = changing_run_shell_command  # type: ignore[method-assign]
     Host.put_file = changing_put_file  # type: ignore[method-assign]
     Host._sgc_fact_cache_installed = True  # type: ignore[attr-defined]
