@@ -8,7 +8,8 @@ and often a python start on the host. ``install()`` (deploy.py, rollback.py)
 keeps each value of the facts in ``CACHED`` per host, keyed by the fact's
 arguments, and drops a host's values as soon as that host runs anything that
 is not a fact read (an operation's command, a FunctionCommand's own command,
-an upload): a fact read after a change is read again.
+an upload): a fact read after a change is read again. The venv facts of
+facts/venv_batch.py are read together, by one python run on the host.
 
 Only facts that nothing but a deploy changes are kept; those that change on
 their own (the unit's state, /health, the GPUs' memory and processes, ports,
@@ -28,6 +29,7 @@ from facts.gpu import GpuP2P, NvidiaGpus, SimulatedGpus
 from facts.interpreter import PythonInterpreter
 from facts.model_dir import ModelConfig, ModelDirState
 from facts.venv import ExactPins, VenvPackages, VenvState
+from facts.venv_batch import MEMBERS, VenvFacts, member_values
 
 CACHED: frozenset[type] = frozenset({
     VenvState, VenvPackages, ExactPins, PythonInterpreter,
@@ -35,6 +37,9 @@ CACHED: frozenset[type] = frozenset({
     ModelDirState, ModelConfig, FileDigest, FileText,
     NvidiaGpus, GpuP2P, SimulatedGpus,  # the GPUs' model, driver and topology (memory is read by NVML each time)
 })  # fmt: skip
+
+# read together, by one python run of the venv (facts/venv_batch.py): fact -> its arguments besides path
+BATCHED: dict[type, dict[str, str]] = {fact: kwargs for fact, _code, _args, kwargs, _absent in MEMBERS}
 
 _VALUES = "_sgc_fact_cache"
 _DEPTH = "_sgc_fact_depth"
@@ -66,6 +71,11 @@ def install() -> None:
         if cls not in CACHED:
             return _reading(self, get_fact, cls, *args, **kwargs)
         key, values = _key(cls, args, kwargs), _values(self)
+        if key not in values and _batched(cls, args, kwargs):
+            outputs = _reading(self, get_fact, VenvFacts, path=kwargs["path"])
+            if self.__dict__.get(_VALUES) is values:
+                for fact, fact_kwargs, value in member_values(kwargs["path"], outputs):
+                    values.setdefault(_key(fact, (), fact_kwargs), value)
         if key not in values:
             value = _reading(self, get_fact, cls, *args, **kwargs)
             if self.__dict__.get(_VALUES) is values:  # nothing changed on the host meanwhile
@@ -86,6 +96,13 @@ def install() -> None:
     Host.run_shell_command = changing_run_shell_command  # type: ignore[method-assign]
     Host.put_file = changing_put_file  # type: ignore[method-assign]
     Host._sgc_fact_cache_installed = True  # type: ignore[attr-defined]
+
+
+def _batched(cls: type, args: tuple, kwargs: dict) -> bool:
+    """A read of a venv fact with the arguments facts/venv_batch.py reads it with."""
+    extra = BATCHED.get(cls)
+    return (extra is not None and not args and set(kwargs) == {"path", *extra}
+            and all(kwargs[name] == value for name, value in extra.items()))
 
 
 def _reading(host: Host, get_fact: Any, cls: Any, *args: Any, **kwargs: Any) -> Any:
