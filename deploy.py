@@ -20,6 +20,7 @@ factcache.install()  # each fact read once per host until something changes ther
 validate_inventory(inventory)
 spec = host_spec(host)
 if not isinstance(spec, RouterSpec):
+    factcache.prefetch(host, factcache.server_reads(spec))  # the facts every run reads, in one round trip
     spec = resolved_spec(spec)  # attention backend and NCCL env from the host's GPUs
 for step in pipeline_for(spec):
     step(spec)

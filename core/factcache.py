@@ -9,7 +9,9 @@ keeps each value of the facts in ``CACHED`` per host, keyed by the fact's
 arguments, and drops a host's values as soon as that host runs anything that
 is not a fact read (an operation's command, a FunctionCommand's own command,
 an upload): a fact read after a change is read again. The venv facts of
-facts/venv_batch.py are read together, by one python run on the host.
+facts/venv_batch.py are read together, by one python run on the host, and
+``prefetch`` reads the shell facts a server's steps read (``server_reads``)
+in one round trip.
 
 Only facts that nothing but a deploy changes are kept; those that change on
 their own (the unit's state, /health, the GPUs' memory and processes, ports,
@@ -19,8 +21,9 @@ the router's workers) are read each time.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pyinfra.api import StringCommand
 from pyinfra.api.host import Host
 
 from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormatReferences, CompressionFormats
@@ -30,6 +33,9 @@ from facts.interpreter import PythonInterpreter
 from facts.model_dir import ModelConfig, ModelDirState
 from facts.venv import ExactPins, VenvPackages, VenvState
 from facts.venv_batch import MEMBERS, VenvFacts, member_values
+
+if TYPE_CHECKING:
+    from tasks.spec import Spec
 
 CACHED: frozenset[type] = frozenset({
     VenvState, VenvPackages, ExactPins, PythonInterpreter,
@@ -111,3 +117,77 @@ def _reading(host: Host, get_fact: Any, cls: Any, *args: Any, **kwargs: Any) -> 
         return get_fact(host, cls, *args, **kwargs)
     finally:
         host.__dict__[_DEPTH] -= 1
+
+
+_MARK = "##SGC-FACT##"
+_MISSING = "##PYINFRA_NOCMD##"  # pyinfra's output for a fact whose requires_command is not there
+
+
+def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
+    """The kept shell facts a server's steps read on every run, with the arguments they read them with."""
+    from core.last_good import last_good_stamp_path
+    from core.stamps import stamp_path
+    from tasks.spec.built import SERVER_LAUNCHER
+
+    reads: list[tuple[type, dict[str, Any]]] = [(NvidiaGpus, {}), (GpuP2P, {}), (SimulatedGpus, {}),
+                                                (ModelConfig, {"path": spec.model_dir})]
+    reads += [(ModelDirState, {"path": path}) for path in (spec.model_dir, spec.draft_dir if spec.draft else None)
+              if path]
+    reads += [(FileText, {"path": path}) for path in (stamp_path(spec), last_good_stamp_path(spec))]
+    reads += [(FileDigest, {"path": path})
+              for path in (spec.unit_path, spec.options_path, spec.env_path, SERVER_LAUNCHER)]
+    return reads
+
+
+def _shell(cls: type, kwargs: dict[str, Any]) -> str:
+    """The fact's command as pyinfra runs it (with its requires_command guard)."""
+    fact = cls()
+    command = fact.command(**kwargs) if callable(fact.command) else fact.command
+    required = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
+    if required:
+        command = StringCommand("if command -v", required, ">/dev/null 2>&1; then (", command, "); else echo",
+                                f"'{_MISSING}'; fi")
+    return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+
+
+def prefetch(host: Host, reads: list[tuple[type, dict[str, Any]]]) -> None:
+    """Read these facts (not kept yet) in one round trip and keep each; one that fails is left for its own read."""
+    if not isinstance(host, Host):  # pyinfra's context proxy (`from pyinfra import host`): the host it stands for
+        host = host._get_module()
+    values = _values(host)
+    todo = [(cls, kwargs) for cls, kwargs in reads if cls in CACHED and _key(cls, (), kwargs) not in values]
+    if len(todo) < 2 or not getattr(Host, "_sgc_fact_cache_installed", False) or not host.connected:
+        return
+    script = "".join(f"echo '{_MARK} {index}'; ( {_shell(cls, kwargs)} ) </dev/null 2>/dev/null; echo \"{_MARK} rc $?\"; "
+                     for index, (cls, kwargs) in enumerate(todo))
+    host.__dict__[_DEPTH] = host.__dict__.get(_DEPTH, 0) + 1
+    try:
+        ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    finally:
+        host.__dict__[_DEPTH] -= 1
+    if not ok or host.__dict__.get(_VALUES) is not values:
+        return
+    for index, lines in _split(output.stdout_lines).items():
+        cls, kwargs = todo[index]
+        if lines != [_MISSING]:
+            try:
+                values.setdefault(_key(cls, (), kwargs), cls().process(lines) if lines else cls().default())
+            except Exception:  # noqa: BLE001, S112 - left for its own read, which reports it as pyinfra does
+                continue
+
+
+def _split(lines: list[str]) -> dict[int, list[str]]:
+    """Each fact's output lines, by its index, for those that exited 0."""
+    out: dict[int, list[str]] = {}
+    index: int | None = None
+    current: list[str] = []
+    for line in lines:
+        if line.startswith(f"{_MARK} rc "):
+            if index is not None and line.strip() == f"{_MARK} rc 0":
+                out[index] = current
+            index, current = None, []
+        elif line.startswith(f"{_MARK} "):
+            index, current = int(line.split()[1]), []
+        elif index is not None:
+            current.append(line)
+    return out
