@@ -55,25 +55,25 @@ def _key(cls: type, args: tuple, kwargs: dict) -> tuple:
     return cls, repr(args), repr(sorted(kwargs.items()))
 
 
-def _values(host: Host) -> dict:
+def _values(host: Any) -> dict:
     values = host.__dict__.get(_VALUES)
     if values is None:
         values = host.__dict__[_VALUES] = {}
     return values
 
 
-def forget(host: Host) -> None:
+def forget(host: Any) -> None:
     """Drop the host's kept facts (it changed, or may have)."""
     host.__dict__[_VALUES] = {}
 
 
-def install() -> None:
+def install(host_class: Any = Host) -> None:
     """Wrap pyinfra's Host (once): fact reads kept, anything else run on a host drops its kept facts."""
-    if getattr(Host, "_sgc_fact_cache_installed", False):
+    if host_class.__dict__.get("_sgc_fact_cache_installed", False):
         return
-    get_fact, run_shell_command, put_file = Host.get_fact, Host.run_shell_command, Host.put_file
+    get_fact, run_shell_command, put_file = host_class.get_fact, host_class.run_shell_command, host_class.put_file
 
-    def cached_get_fact(self: Host, cls: Any, *args: Any, **kwargs: Any) -> Any:
+    def cached_get_fact(self: Any, cls: Any, *args: Any, **kwargs: Any) -> Any:
         if cls not in CACHED:
             return _reading(self, get_fact, cls, *args, **kwargs)
         key, values = _key(cls, args, kwargs), _values(self)
@@ -89,19 +89,19 @@ def install() -> None:
             return copy.deepcopy(value)
         return copy.deepcopy(values[key])
 
-    def changing_run_shell_command(self: Host, *args: Any, **kwargs: Any) -> Any:
+    def changing_run_shell_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.__dict__.get(_DEPTH):
             forget(self)
         return run_shell_command(self, *args, **kwargs)
 
-    def changing_put_file(self: Host, *args: Any, **kwargs: Any) -> Any:
+    def changing_put_file(self: Any, *args: Any, **kwargs: Any) -> Any:
         forget(self)
         return put_file(self, *args, **kwargs)
 
-    Host.get_fact = cached_get_fact  # type: ignore[method-assign,assignment]
-    Host.run_shell_command = changing_run_shell_command  # type: ignore[method-assign]
-    Host.put_file = changing_put_file  # type: ignore[method-assign]
-    Host._sgc_fact_cache_installed = True  # type: ignore[attr-defined]
+    host_class.get_fact = cached_get_fact
+    host_class.run_shell_command = changing_run_shell_command
+    host_class.put_file = changing_put_file
+    host_class._sgc_fact_cache_installed = True
 
 
 def _batched(cls: type, args: tuple, kwargs: dict) -> bool:
@@ -111,7 +111,7 @@ def _batched(cls: type, args: tuple, kwargs: dict) -> bool:
             and all(kwargs[name] == value for name, value in extra.items()))
 
 
-def _reading(host: Host, get_fact: Any, cls: Any, *args: Any, **kwargs: Any) -> Any:
+def _reading(host: Any, get_fact: Any, cls: Any, *args: Any, **kwargs: Any) -> Any:
     host.__dict__[_DEPTH] = host.__dict__.get(_DEPTH, 0) + 1
     try:
         return get_fact(host, cls, *args, **kwargs)
@@ -150,16 +150,17 @@ def _shell(cls: type, kwargs: dict[str, Any]) -> str:
     return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
-def prefetch(host: Host, reads: list[tuple[type, dict[str, Any]]]) -> None:
+def prefetch(host: Any, reads: list[tuple[type, dict[str, Any]]]) -> None:
     """Read these facts (not kept yet) in one round trip and keep each; one that fails is left for its own read."""
-    if not isinstance(host, Host):  # pyinfra's context proxy (`from pyinfra import host`): the host it stands for
+    if hasattr(host, "_get_module"):  # pyinfra's context proxy (`from pyinfra import host`): the host it stands for
         host = host._get_module()
     values = _values(host)
     todo = [(cls, kwargs) for cls, kwargs in reads if cls in CACHED and _key(cls, (), kwargs) not in values]
-    if len(todo) < 2 or not getattr(Host, "_sgc_fact_cache_installed", False) or not host.connected:
+    if len(todo) < 2 or not getattr(type(host), "_sgc_fact_cache_installed", False) or not host.connected:
         return
-    script = "".join(f"echo '{_MARK} {index}'; ( {_shell(cls, kwargs)} ) </dev/null 2>/dev/null; echo \"{_MARK} rc $?\"; "
-                     for index, (cls, kwargs) in enumerate(todo))
+    # an echo ends an output without a last newline; _split drops the empty line it adds after one with it
+    script = "".join(f"echo '{_MARK} {index}'; ( {_shell(cls, kwargs)} ) </dev/null 2>/dev/null; "
+                     f"rc=$?; echo; echo \"{_MARK} rc $rc\"; " for index, (cls, kwargs) in enumerate(todo))
     host.__dict__[_DEPTH] = host.__dict__.get(_DEPTH, 0) + 1
     try:
         ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
@@ -184,7 +185,7 @@ def _split(lines: list[str]) -> dict[int, list[str]]:
     for line in lines:
         if line.startswith(f"{_MARK} rc "):
             if index is not None and line.strip() == f"{_MARK} rc 0":
-                out[index] = current
+                out[index] = current[:-1] if current and current[-1] == "" else current
             index, current = None, []
         elif line.startswith(f"{_MARK} "):
             index, current = int(line.split()[1]), []

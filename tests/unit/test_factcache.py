@@ -1,0 +1,114 @@
+"""core/factcache.py: facts kept per host until the host runs anything else; the venv facts
+read by one python run (facts/venv_batch.py) give what each fact reads alone; prefetch splits
+one round trip's output per fact. A stand-in Host class, so pyinfra's own Host is not touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from pyinfra.api import StringCommand
+
+from core import factcache
+from facts import compressed_tensors as ct
+from facts import venv
+from facts.gpu import SimulatedGpus
+from facts.http import HttpStatus
+from facts.model_dir import ModelConfig
+from facts.venv_batch import MEMBERS, VenvFacts, member_values
+
+
+def _sh(command) -> list[str]:
+    text = command.get_raw_value() if isinstance(command, StringCommand) else command
+    return subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+class FakeHost:
+    """Reads facts by running their command locally; counts what ran."""
+
+    connected = True
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def get_fact(self, cls, *args, **kwargs):
+        lines = self.run_shell_command(cls().command(*args, **kwargs))[1].stdout_lines
+        return cls().process(lines) if lines else cls().default()
+
+    def run_shell_command(self, command, **_kwargs):
+        self.ran.append(command.get_raw_value() if isinstance(command, StringCommand) else command)
+        return True, SimpleNamespace(stdout_lines=_sh(command))
+
+    def put_file(self, *_args, **_kwargs):
+        self.ran.append("put_file")
+        return True
+
+
+factcache.install(FakeHost)
+
+
+def test_a_kept_fact_is_read_once_until_the_host_runs_something_else(tmp_path):
+    host = FakeHost()
+    (tmp_path / "config.json").write_text('{"a": 1}')
+    assert host.get_fact(ModelConfig, path=str(tmp_path)) == {"a": 1}
+    (tmp_path / "config.json").write_text('{"a": 2}')
+    first = host.get_fact(ModelConfig, path=str(tmp_path))
+    assert first == {"a": 1} and len(host.ran) == 1  # kept: nothing ran on the host since
+    first["a"] = 3  # a caller's change to its copy does not reach the kept value
+    assert host.get_fact(ModelConfig, path=str(tmp_path)) == {"a": 1}
+    host.run_shell_command("true")  # an operation's command: the host may have changed
+    assert host.get_fact(ModelConfig, path=str(tmp_path)) == {"a": 2}
+    host.put_file("x", "/tmp/y")
+    host.get_fact(ModelConfig, path=str(tmp_path))
+    assert len(host.ran) == 5
+
+
+def test_facts_that_change_on_their_own_are_read_every_time():
+    host = FakeHost()
+    for _ in range(2):
+        host.get_fact(HttpStatus, url="http://127.0.0.1:9/health")
+    assert len(host.ran) == 2 and HttpStatus not in factcache.CACHED
+
+
+def test_the_venv_facts_read_together_match_each_read_alone():
+    """The local venv's python: every member's value, from one run, is what its own command gives."""
+    path = sys.prefix
+    alone = {fact: fact().process(_sh(fact().command(path, **kwargs))) for fact, _c, _a, kwargs, _x in MEMBERS}
+    together = member_values(path, VenvFacts().process(_sh(VenvFacts().command(path))))
+    assert {fact: value for fact, _kwargs, value in together} == alone
+    assert len(together) == len(MEMBERS)
+
+
+def test_a_venv_fact_read_seeds_the_others_and_an_absent_venv_seeds_their_absent_values(tmp_path):
+    host = FakeHost()
+    packages = host.get_fact(venv.VenvPackages, path=sys.prefix)
+    assert "pyinfra" in packages
+    host.get_fact(venv.VenvState, path=sys.prefix)
+    host.get_fact(ct.CompressedTensorsRequirers, path=sys.prefix)
+    assert len(host.ran) == 1
+    missing = str(tmp_path / "none")
+    assert host.get_fact(venv.VenvState, path=missing) == venv.Venv(exists=False)
+    assert host.get_fact(ct.CompressionFormats, path=missing) == ct.CompressedTensors(version=None, members=[])
+    assert host.get_fact(ct.CompressionFormatReferences, path=missing, package="sglang").version is None
+    assert len(host.ran) == 2
+
+
+def test_prefetch_reads_several_facts_in_one_command_and_skips_the_ones_that_fail(tmp_path):
+    host = FakeHost()
+    (tmp_path / "config.json").write_text('{"b": 1}')
+    reads = [(ModelConfig, {"path": str(tmp_path)}), (SimulatedGpus, {}),
+             (ModelConfig, {"path": "/nonexistent/'quoted"})]
+    factcache.prefetch(host, reads)
+    assert len(host.ran) == 1
+    assert host.get_fact(ModelConfig, path=str(tmp_path)) == {"b": 1}
+    assert host.get_fact(SimulatedGpus) in (True, False)
+    assert host.get_fact(ModelConfig, path="/nonexistent/'quoted") is None
+    assert len(host.ran) == 1
+
+
+def test_split_keeps_only_facts_that_exited_zero():
+    mark = factcache._MARK
+    lines = [f"{mark} 0", "a", "", f"{mark} rc 0", f"{mark} 1", "b", "", f"{mark} rc 2", f"{mark} 2", "",
+             f"{mark} rc 0", f"{mark} 3", "c", f"{mark} rc 0", f"{mark} 4", "d", "", "", f"{mark} rc 0"]
+    assert factcache._split(lines) == {0: ["a"], 2: [], 3: ["c"], 4: ["d", ""]}
