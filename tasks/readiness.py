@@ -40,8 +40,8 @@ def server_ready(spec: Spec):
     """
     url = local_url(spec)
     if not restarted_this_run(host.name):
-        pending = restart_reasons(spec, render(spec))
         unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
+        pending = restart_reasons(spec, render(spec), unit)  # the same read: one round trip
         if not pending and unit.running and host.get_fact(HttpStatus, url=url + "/health") == 200:
             host.noop(f"{spec.unit_name} is ready at {url}")
             return
