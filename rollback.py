@@ -16,7 +16,7 @@ from core.checks import resolved_spec
 from tasks.pipeline import ROLLBACK_PIPELINE
 from tasks.spec import RouterSpec, host_spec, validate_inventory
 
-factcache.install()  # each fact read once per host until something changes there
+factcache.start(host)  # each fact read once per host until something changes there
 validate_inventory(inventory)
 spec = host_spec(host)
 if not isinstance(spec, RouterSpec):  # a router host: nothing to roll back

@@ -67,6 +67,13 @@ def forget(host: Any) -> None:
     host.__dict__[_VALUES] = {}
 
 
+def start(host: Any) -> None:
+    """A deploy file begins on ``host``: the cache installed, nothing kept from before (a rollout's
+    fleet preflight, an earlier batch in the same process) - each deploy reads its facts afresh."""
+    install()
+    forget(host._get_module() if hasattr(host, "_get_module") else host)
+
+
 def install(host_class: Any = Host) -> None:
     """Wrap pyinfra's Host (once): fact reads kept, anything else run on a host drops its kept facts."""
     if host_class.__dict__.get("_sgc_fact_cache_installed", False):

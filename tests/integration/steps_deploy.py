@@ -14,7 +14,7 @@ from core.checks import resolved_spec
 from tasks.pipeline import SERVER_PIPELINE
 from tasks.spec import Spec, host_spec, validate_inventory
 
-factcache.install()  # each fact read once per host until something changes there
+factcache.start(host)  # each fact read once per host until something changes there
 validate_inventory(inventory)
 spec = host_spec(host)
 assert isinstance(spec, Spec), "the step test deploys servers only"
