@@ -20,6 +20,8 @@ Python API:
     wait_booted(name)                               wait for systemd + sshd (after a reboot)
     load_hosts() -> list[SandboxHost]               from the state file
     set_disk(host, path, size_mib) / grow_disk(...)  size-limited fs at path
+    snapshot(name, label) -> Path                   a converged host's changes, a layer for clones
+    up(indexes=[...], snapshot=path)                boot hosts on that layer (sandbox.clones)
 
 Everything made here is named with the "sgc" prefix, so `down()` also cleans
 up after a crashed or interrupted run by scanning for those names.
@@ -625,8 +627,16 @@ def _mounts_under(path: Path) -> list[str]:
     return sorted(set(out), key=len, reverse=True)
 
 
-def _start_guest(index: int, base: Path, layout: dict) -> SandboxHost:
-    """Set up one guest and launch its nspawn (does not wait for the boot)."""
+def _lowerdirs(base: Path, snapshot: Path | None) -> str:
+    """overlayfs lowerdir=: the snapshot layer (if any) above the rootfs."""
+    return f"{snapshot}:{base}" if snapshot else str(base)
+
+
+def _start_guest(index: int, base: Path, layout: dict, snapshot: Path | None = None) -> SandboxHost:
+    """Set up one guest and launch its nspawn (does not wait for the boot).
+
+    snapshot: a layer made by snapshot() (another host's converged changes),
+    mounted between the rootfs and this host's own upper dir."""
     name = host_name(index)
     hdir = _host_dir(name)
     _teardown(name, index, pids=[])  # leftovers of a crashed run
@@ -634,7 +644,8 @@ def _start_guest(index: int, base: Path, layout: dict) -> SandboxHost:
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     merged = hdir / "merged"
     _sh("mount", "-t", "overlay", f"{PREFIX}-{name}",
-        "-o", f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(merged))  # fmt: skip
+        "-o", f"lowerdir={_lowerdirs(base, snapshot)},upperdir={hdir / 'upper'},workdir={hdir / 'work'}",
+        str(merged))  # fmt: skip
     _prepare_root(merged, name, layout)
     _setup_network(index)
     cgdirs = _cgroup_dirs(name)
@@ -771,12 +782,16 @@ def _is_running(entry: dict) -> bool:
     return pid > 0 and _alive(pid) and _is_our_nspawn(pid, entry["name"])
 
 
-def up(count: int = 1, indexes: list[int] | None = None, **layout_opts) -> list[SandboxHost]:
+def up(
+    count: int = 1, indexes: list[int] | None = None, snapshot: Path | None = None, **layout_opts
+) -> list[SandboxHost]:
     """Ensure sandbox hosts sgc1..sgc<count> run; returns them in index order.
 
     layout_opts: gpus=8, gpu_mib=97887, compute_cap="12.0", p2p="OK",
     gpu_name=..., driver_version=... (default: ct200). Running hosts are
     kept; their GPU layout and simulator scripts are rewritten in place.
+    snapshot: hosts started here boot on that layer (snapshot()) over the
+    rootfs: clones of a converged host, with their own identity.
     """
     if not 1 <= count <= MAX_HOSTS:
         raise ValueError(f"count must be 1..{MAX_HOSTS}, got {count}")
@@ -808,7 +823,7 @@ def up(count: int = 1, indexes: list[int] | None = None, **layout_opts) -> list[
                     hosts[index] = host
                     continue
                 pending = index
-                host = _start_guest(index, base, layout)
+                host = _start_guest(index, base, layout, snapshot)
                 pending = None
                 hosts[index] = host
                 started.append(host)

@@ -1,0 +1,62 @@
+"""The scale bench's pure parts: ssh connection counting, pyinfra's results table,
+and the clone layers' naming (sandbox/clones.py, sandbox/hosts.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.scale import changed_operations, grand_total_changed, ssh_connections
+from sandbox import clones, hosts
+
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 014D4D0A:A1B2 024D4D0A:0016 01 00000000:00000000 00:00000000 00000000     0        0 1001 1
+   1: 014D4D0A:A1B3 024D4D0A:0016 06 00000000:00000000 00:00000000 00000000     0        0 1002 1
+   2: 014D4D0A:A1B4 024D4D0A:1F90 01 00000000:00000000 00:00000000 00000000     0        0 1003 1
+   3: 014E4D0A:A1B5 024E4D0A:0016 01 00000000:00000000 00:00000000 00000000     0        0 1004 1
+   4: 0100007F:0016 0100007F:A1B6 01 00000000:00000000 00:00000000 00000000     0        0 1005 1
+"""
+
+
+def test_ssh_connections_counts_established_port_22_of_our_sockets_only():
+    # 1001 and 1004: established to :22; 1002 TIME_WAIT; 1003 another port; 1005 local :22; 9999 not ours
+    assert ssh_connections(TCP, {"1001", "1002", "1003", "1004", "1005"}) == 2
+    assert ssh_connections(TCP, {"1001"}) == 1
+    assert ssh_connections(TCP, {"9999"}) == 0
+    assert ssh_connections("", {"1001"}) == 0
+
+
+RESULTS = """
+--> Results:
+    Operation                        Hosts   Success   Error   No Change
+    Service | sglang.service         3       1         -       2
+    Readiness | server ready         3       -         -       3
+    Grand total                      6       1         -       5
+"""
+
+
+def test_results_table_parsing():
+    assert grand_total_changed(RESULTS) == 1
+    assert grand_total_changed(RESULTS.replace("6       1", "6       -")) == 0
+    assert grand_total_changed("no table") == 0
+    assert changed_operations(RESULTS) == ["Service | sglang.service"]
+
+
+def test_snapshot_layer_sits_between_rootfs_and_the_hosts_upper_dir(tmp_path):
+    base = tmp_path / "rootfs"
+    assert hosts._lowerdirs(base, None) == str(base)
+    layer = clones.snapshot_path("bench-scale")
+    assert layer.name == "bench-scale"
+    assert hosts._lowerdirs(base, layer) == f"{layer}:{base}"
+
+
+@pytest.mark.parametrize("label", ["", "../x", "a b", "a:b", "a/b"])
+def test_snapshot_labels_are_plain_names(label):
+    with pytest.raises(ValueError):
+        clones.snapshot_path(label)
+
+
+def test_a_snapshot_drops_the_templates_boot_state():
+    drops = clones.snapshot_drops()
+    assert "var/log/journal" in drops
+    assert "run/sandbox-gpu" in drops
+    assert all(not d.startswith("/") for d in drops)
