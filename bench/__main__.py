@@ -11,12 +11,15 @@
 (d) bench/transfer.py: the model download against curl, its content
     verification against sha256sum;
 (e) bench/seeding.py: a 3-host rollout of a missing revision with peer
-    seeding against all from the Hub (Hub bytes and wall time).
+    seeding against all from the Hub (Hub bytes and wall time);
+(f) bench/scale.py: the dry run and the no-op re-run over 1, 10, 20, 50
+    hosts at once (clones of one converged host; N capped by the RAM left),
+    against one host.
 
 Every figure also goes to bench/results/latest.json (bench/results.py); the
 run ends with a table of every figure there, its goal and whether it is met
 (bench/table.py). `--part noop` (report, rollout, transfer, seeding) runs one part:
-its figures replace theirs in latest.json, the others' stay.
+its figures replace theirs in latest.json, the others' stay (scale: --part scale).
 
 Absolute seconds depend on the machine; the ratios are the result. Nothing
 here is asserted: tests assert behaviour, benchmarks measure.
@@ -103,7 +106,7 @@ def report_delay(host, outcome: str) -> dict:
     return {"deploy_delay_s": reported - event, "baseline_delay_s": float(baseline_out[1]) - event}
 
 
-PARTS = ("noop", "report", "rollout", "transfer", "seeding")
+PARTS = ("noop", "report", "rollout", "transfer", "seeding", "scale")
 
 
 def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
@@ -166,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.seeding import main as seeding_bench  # (e) a 3-host rollout with peer seeding vs all from the Hub
 
             code = code or seeding_bench([])
+        if "scale" in parts:
+            from bench.scale import main as scale_bench  # (f) 1 -> 50 hosts: dry run, no-op re-run
+
+            code = code or scale_bench([])
     finally:
         print(f"bench: figures in {RESULTS.relative_to(ROOT)}")
         table()
