@@ -19,7 +19,7 @@ N is capped by what the machine has left: before more clones boot, the RAM
 available must stay above MIN_FREE_RAM_GIB plus the measured cost of a
 serving clone times the hosts to add, and the disk above MIN_FREE_DISK_GIB.
 
-    python -m bench.scale [--hosts 1,10,20,50] [--repeats 1] [--keep]
+    python -m bench.scale [--hosts 1,10,20,50] [--repeats 3] [--keep]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from sandbox import hosts as sandbox_api
 ROOT = Path(__file__).resolve().parent.parent
 FIRST = 100  # sgc100 is the template; clones are sgc101...
 LABEL = "bench-scale"
-MIN_FREE_RAM_GIB = 6.0
+MIN_FREE_RAM_GIB = 7.0  # 6 GiB for the machine's other users, 1 GiB for the controller
 MIN_FREE_DISK_GIB = 20.0
 BOOT_CHUNK = 10  # clones booted at once
 GIB = 1024**3
@@ -210,7 +210,8 @@ def _log(msg: str) -> None:
 def changed_operations(output: str) -> list[str]:
     """Operations of pyinfra's results table that changed something on some host."""
     names = []
-    for line in output.splitlines():
+    table = output.rpartition("--> Results:")[2] if "--> Results:" in output else ""
+    for line in table.splitlines():
         m = re.match(r"\s*(.+?)\s+(\d+)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", line)
         if m and m.group(3) != "-" and m.group(1) != "Grand total":
             names.append(m.group(1))
@@ -251,7 +252,7 @@ def _grow(up: list[int], target: int, layer: Path, est: dict, settles: list[dict
         up += chunk
         cost = host_cost(sandbox_api.host_name(chunk[-1]))
         est["clone"] = cost
-        est["ram"] = max(int(cost["pss"] * 1.5), cost["rss"] // 2)
+        est["ram"] = int(cost["pss"] * 1.25)
         est["disk"] = max(cost["upper_disk"] * 2, 64 * 2**20)
     return ""
 
@@ -323,7 +324,7 @@ def cleanup(keep: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", default="1,10,20,50", help="host counts to measure (default 1,10,20,50)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each kind per N (median)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each kind per N (median)")
     parser.add_argument("--keep", action="store_true", help="leave the hosts (and the snapshot) in place")
     args = parser.parse_args(argv)
     sizes = sorted({int(n) for n in args.hosts.split(",")})

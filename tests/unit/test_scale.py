@@ -26,6 +26,7 @@ def test_ssh_connections_counts_established_port_22_of_our_sockets_only():
 
 
 RESULTS = """
+[sgc1] waiting: 5 s, /health 503 (loading), active/running; GPU MiB used: 0 83203 83203 83203
 --> Results:
     Operation                        Hosts   Success   Error   No Change
     Service | sglang.service         3       1         -       2
