@@ -59,6 +59,7 @@ class Run:
     tree_rss: int = 0  # bytes, peak sum over its process tree (polled)
     ssh: int = 0  # peak established connections to port 22 of its sockets
     changed: int = 0  # "Grand total" Success column: operations that changed something
+    cpu_s: float = 0.0  # the controller's CPU time (user + system, wait4)
 
 
 @dataclass
@@ -158,7 +159,7 @@ def pyinfra(indexes: list[int], *args: str) -> Run:
         out.seek(0)
         text = out.read()
     return Run(took, proc.returncode, text, usage.ru_maxrss * 1024, peaks.tree_rss, peaks.ssh,
-               grand_total_changed(text))
+               grand_total_changed(text), usage.ru_utime + usage.ru_stime)
 
 
 def guest_memory(name: str) -> dict:
@@ -227,6 +228,7 @@ def measure(indexes: list[int], repeats: int) -> dict:
         "dry_s": statistics.median(r.seconds for r in runs["dry"]),
         "noop_s": statistics.median(r.seconds for r in runs["noop"]),
         "noop_changed": max(r.changed for r in runs["noop"]),
+        "noop_cpu_s": statistics.median(r.cpu_s for r in runs["noop"]),
         "peak_rss_mib": max(max(r.max_rss, r.tree_rss) for r in every) / 2**20,
         "peak_ssh": max(r.ssh for r in every),
     }
@@ -278,7 +280,8 @@ def sweep(sizes: list[int], repeats: int) -> dict:
         m = measure(list(up), repeats)
         out["by_n"][len(up)] = m
         _log(f"{len(up)} hosts: dry run {m['dry_s']:.1f} s, no-op re-run {m['noop_s']:.1f} s (changed "
-             f"{m['noop_changed']}), controller peak RSS {m['peak_rss_mib']:.0f} MiB, peak ssh {m['peak_ssh']}")
+             f"{m['noop_changed']}; controller CPU {m['noop_cpu_s']:.1f} s), controller peak RSS "
+             f"{m['peak_rss_mib']:.0f} MiB, peak ssh {m['peak_ssh']}")
         if out["capped"]:
             break
     out["clone"] = est.get("clone")
@@ -303,6 +306,7 @@ def figures(out: dict) -> dict:
     for n, m in sorted(by_n.items()):
         fig |= {f"scale_dry_s_{n}": m["dry_s"], f"scale_noop_s_{n}": m["noop_s"],
                 f"scale_noop_changed_{n}": m["noop_changed"],
+                f"scale_noop_controller_cpu_s_{n}": m["noop_cpu_s"],
                 f"scale_peak_rss_mib_{n}": m["peak_rss_mib"], f"scale_peak_ssh_{n}": m["peak_ssh"]}
     if 1 in by_n:
         for n in {max(by_n)} | ({50} & set(by_n)):
