@@ -244,7 +244,10 @@ def _grow(up: list[int], target: int, layer: Path, est: dict, settles: list[dict
             ok, why = fits(len(chunk), est["ram"], est["disk"])
         if not ok:
             return f"stopped at {len(up)} hosts: one more clone would leave too little ({why})"
-        sandbox_api.up(indexes=chunk, snapshot=layer)
+        try:
+            sandbox_api.up(indexes=chunk, snapshot=layer)  # a failed boot removes that chunk only
+        except RuntimeError as err:
+            return f"stopped at {len(up)} hosts: clones sgc{chunk[0]}..sgc{chunk[-1]} did not boot: {str(err)[:600]}"
         settle = _check(pyinfra(chunk), f"first deploy over clones {chunk[0]}..{chunk[-1]}")
         again = pyinfra(chunk)  # the clones now converged: a second run changes nothing
         settles.append({"hosts": len(chunk), "settle_s": settle.seconds, "changed": changed_operations(settle.output),

@@ -69,6 +69,12 @@ REBOOT_TIMEOUT_S = BOOT_TIMEOUT_S + STOP_TIMEOUT_S
 NSPAWN_REBOOT_EXIT = 133  # systemd-nspawn's exit status when the guest asked for a reboot
 SUPERVISOR_ARGV0 = f"{PREFIX}-nspawn-supervisor"  # how the supervisor shows in ps
 MAX_HOSTS = 254
+# inotify instances one booted guest holds (systemd, journald, logind, dbus... ~10 seen): the
+# kernel's default of 128 per user (all guests run as root) stops a 12th guest's systemd
+# ("Failed to allocate manager object: Too many open files")
+INOTIFY_PER_GUEST = 16
+INOTIFY_SLACK = 256  # for the machine's own root processes
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
 
 SRC_DIR = Path(__file__).resolve().parent
 # files of sandbox/ copied into every guest's GUEST_LIB at `up` (those that exist):
@@ -777,6 +783,22 @@ def _log_tail(name: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def inotify_instances_needed(guests: int, current: int) -> int:
+    """max_user_instances for `guests` sandbox guests (never lower than the current limit)."""
+    return max(current, guests * INOTIFY_PER_GUEST + INOTIFY_SLACK)
+
+
+def _ensure_inotify(guests: int) -> None:
+    """Raise fs.inotify.max_user_instances so `guests` guests can boot (it is never lowered)."""
+    try:
+        current = int(INOTIFY_LIMIT.read_text())
+        wanted = inotify_instances_needed(guests, current)
+        if wanted > current:
+            INOTIFY_LIMIT.write_text(f"{wanted}\n")
+    except (OSError, ValueError) as err:
+        _log(f"could not raise {INOTIFY_LIMIT} for {guests} guests: {err}")
+
+
 def _is_running(entry: dict) -> bool:
     pid = int(entry.get("nspawn_pid") or 0)
     return pid > 0 and _alive(pid) and _is_our_nspawn(pid, entry["name"])
@@ -806,6 +828,7 @@ def up(
     base = rootfs.ensure_rootfs()
     with _state_lock():
         state = _read_state()
+        _ensure_inotify(len(_scan_nspawn_pids()) + len(indexes or range(count)))
         hosts: dict[int, SandboxHost] = {}
         started: list[SandboxHost] = []
         abort = threading.Event()

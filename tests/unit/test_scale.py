@@ -61,3 +61,9 @@ def test_a_snapshot_drops_the_templates_boot_state():
     assert "var/log/journal" in drops
     assert "run/sandbox-gpu" in drops
     assert all(not d.startswith("/") for d in drops)
+
+
+def test_inotify_limit_grows_with_the_guests_and_is_never_lowered():
+    assert hosts.inotify_instances_needed(50, 128) == 50 * hosts.INOTIFY_PER_GUEST + hosts.INOTIFY_SLACK
+    assert hosts.inotify_instances_needed(1, 128) == max(128, hosts.INOTIFY_PER_GUEST + hosts.INOTIFY_SLACK)
+    assert hosts.inotify_instances_needed(10, 100000) == 100000
