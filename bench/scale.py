@@ -43,6 +43,7 @@ from sandbox import hosts as sandbox_api
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST = 100  # sgc100 is the template; clones are sgc101...
+LAST = 160  # the highest index this bench may use (at most 61 hosts)
 LABEL = "bench-scale"
 MIN_FREE_RAM_GIB = 7.0  # 6 GiB for the machine's other users, 1 GiB for the controller
 MIN_FREE_DISK_GIB = 20.0
@@ -319,10 +320,10 @@ def figures(out: dict) -> dict:
 
 
 def cleanup(keep: bool) -> None:
-    """Remove the template and its clones (sgc100..sgc199 of this bench), then the snapshot."""
+    """Remove the template and its clones (sgc100..sgc160 of this bench), then the snapshot."""
     if keep:
         return
-    names = [h.name for h in sandbox_api.load_hosts() if FIRST <= h.index < FIRST + 100]
+    names = [h.name for h in sandbox_api.load_hosts() if FIRST <= h.index <= LAST]
     for name in dict.fromkeys([*clones.users(LABEL), *names]):
         sandbox_api.remove(name)
     clones.remove_snapshot(LABEL)
@@ -335,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the hosts (and the snapshot) in place")
     args = parser.parse_args(argv)
     sizes = sorted({int(n) for n in args.hosts.split(",")})
+    if not sizes or sizes[0] < 1 or sizes[-1] > LAST - FIRST + 1:
+        parser.error(f"--hosts: 1..{LAST - FIRST + 1} each (sgc{FIRST}..sgc{LAST})")
     try:
         out = sweep(sizes, args.repeats)
     finally:
