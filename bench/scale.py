@@ -61,6 +61,7 @@ class Run:
     ssh: int = 0  # peak established connections to port 22 of its sockets
     changed: int = 0  # "Grand total" Success column: operations that changed something
     cpu_s: float = 0.0  # the controller's CPU time (user + system, wait4)
+    guest_cpu_s: float = 0.0  # CPU time the hosts' guests used meanwhile (their cgroups' cpu.stat)
 
 
 @dataclass
@@ -141,10 +142,24 @@ def fleet_env(indexes: list[int]) -> dict:
     return {"SGC_FLEET_INDEXES": ",".join(map(str, indexes)), "SGC_FLEET_ROUTER": "", "PYINFRA_PROGRESS": "off"}
 
 
+def guest_cpu_seconds(indexes: list[int]) -> float:
+    """CPU time used so far by these guests (cgroup2 cpu.stat usage_usec; 0 where absent)."""
+    total = 0
+    for index in indexes:
+        for d in sandbox_api._cgroup_dirs(sandbox_api.host_name(index)):
+            try:
+                text = (d / "cpu.stat").read_text()
+            except OSError:
+                continue
+            total += next((int(line.split()[1]) for line in text.splitlines() if line.startswith("usage_usec")), 0)
+    return total / 1e6
+
+
 def pyinfra(indexes: list[int], *args: str) -> Run:
     """Plain pyinfra over these sandbox hosts, all at once; timed and watched."""
     argv = [sys.executable, "-m", "pyinfra", "-y", "--parallel", str(len(indexes)), "inventory/sandbox_fleet.py",
             "deploy.py", *args]
+    guest_cpu = guest_cpu_seconds(indexes)
     with tempfile.TemporaryFile("w+") as out:
         started = time.monotonic()
         proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **fleet_env(indexes)}, stdout=out,
@@ -160,7 +175,7 @@ def pyinfra(indexes: list[int], *args: str) -> Run:
         out.seek(0)
         text = out.read()
     return Run(took, proc.returncode, text, usage.ru_maxrss * 1024, peaks.tree_rss, peaks.ssh,
-               grand_total_changed(text), usage.ru_utime + usage.ru_stime)
+               grand_total_changed(text), usage.ru_utime + usage.ru_stime, guest_cpu_seconds(indexes) - guest_cpu)
 
 
 def guest_memory(name: str) -> dict:
@@ -230,6 +245,8 @@ def measure(indexes: list[int], repeats: int) -> dict:
         "noop_s": statistics.median(r.seconds for r in runs["noop"]),
         "noop_changed": max(r.changed for r in runs["noop"]),
         "noop_cpu_s": statistics.median(r.cpu_s for r in runs["noop"]),
+        "noop_guest_cpu_s": statistics.median(r.guest_cpu_s for r in runs["noop"]),
+        "dry_guest_cpu_s": statistics.median(r.guest_cpu_s for r in runs["dry"]),
         "peak_rss_mib": max(max(r.max_rss, r.tree_rss) for r in every) / 2**20,
         "peak_ssh": max(r.ssh for r in every),
     }
@@ -284,7 +301,8 @@ def sweep(sizes: list[int], repeats: int) -> dict:
         m = measure(list(up), repeats)
         out["by_n"][len(up)] = m
         _log(f"{len(up)} hosts: dry run {m['dry_s']:.1f} s, no-op re-run {m['noop_s']:.1f} s (changed "
-             f"{m['noop_changed']}; controller CPU {m['noop_cpu_s']:.1f} s), controller peak RSS "
+             f"{m['noop_changed']}; CPU: controller {m['noop_cpu_s']:.1f} s, guests {m['noop_guest_cpu_s']:.1f} s), "
+             f"controller peak RSS "
              f"{m['peak_rss_mib']:.0f} MiB, peak ssh {m['peak_ssh']}")
         if out["capped"]:
             break
@@ -311,6 +329,8 @@ def figures(out: dict) -> dict:
         fig |= {f"scale_dry_s_{n}": m["dry_s"], f"scale_noop_s_{n}": m["noop_s"],
                 f"scale_noop_changed_{n}": m["noop_changed"],
                 f"scale_noop_controller_cpu_s_{n}": m["noop_cpu_s"],
+                f"scale_noop_guests_cpu_s_{n}": m["noop_guest_cpu_s"],
+                f"scale_dry_guests_cpu_s_{n}": m["dry_guest_cpu_s"],
                 f"scale_peak_rss_mib_{n}": m["peak_rss_mib"], f"scale_peak_ssh_{n}": m["peak_ssh"]}
     if 1 in by_n:
         for n in {max(by_n)} | ({50} & set(by_n)):
