@@ -11,9 +11,16 @@ inventory/sandbox_fleet.py with --parallel N, no router):
 
 timed, with the controller's peak memory (max RSS of the pyinfra process from
 wait4, and the peak sum of RSS over its process tree, polled) and the peak
-number of its established ssh connections. The results are the ratios of the
-N-host times to the 1-host time (`scale_dry_50_over_1`, `scale_noop_50_over_1`
-where 50 hosts ran; otherwise `..._<N>_over_1` of the largest N).
+number of its established ssh connections, and the CPU time the controller and
+the guests used. The results are the ratios of the N-host times to the 1-host
+time (`scale_dry_50_over_1`, `scale_noop_50_over_1` where 50 hosts ran;
+otherwise `..._<N>_over_1` of the largest N). The machine is shared and its
+load moves: each N-host run also follows a run over sgc100 alone, taken under
+the same load (`scale_noop_<N>_over_adjacent_1`).
+
+The guests share this machine's CPUs with each other and with the controller:
+a guest's share of a no-op run (its fact commands; `scale_noop_guests_cpu_s_<N>`)
+adds up over N here, where real hosts each run theirs on their own CPUs.
 
 N is capped by what the machine has left: before more clones boot, the RAM
 available must stay above MIN_FREE_RAM_GIB plus the measured cost of a
@@ -236,14 +243,25 @@ def changed_operations(output: str) -> list[str]:
 
 
 def measure(indexes: list[int], repeats: int) -> dict:
-    """Dry run and no-op re-run over these hosts: median seconds, peaks over all runs."""
-    runs = {kind: [_check(pyinfra(indexes, *(["--dry"] if kind == "dry" else [])), f"{kind} run, {len(indexes)} "
-                          "hosts") for _ in range(repeats)] for kind in ("dry", "noop")}
+    """Dry run and no-op re-run over these hosts: median seconds, peaks over all runs.
+
+    With more than one host, each run over all of them follows a run of the same kind
+    over the first host alone (the others idle): the "adjacent" 1-host baseline, taken
+    under the same load from the machine's other users."""
+    runs: dict[str, list[Run]] = {"dry": [], "noop": [], "dry_1": [], "noop_1": []}
+    for kind in ("dry", "noop"):
+        args = ["--dry"] if kind == "dry" else []
+        for _ in range(repeats):
+            if len(indexes) > 1:
+                runs[f"{kind}_1"].append(_check(pyinfra(indexes[:1], *args), f"{kind} run, 1 host"))
+            runs[kind].append(_check(pyinfra(indexes, *args), f"{kind} run, {len(indexes)} hosts"))
     every = runs["dry"] + runs["noop"]
     return {
         "dry_s": statistics.median(r.seconds for r in runs["dry"]),
         "noop_s": statistics.median(r.seconds for r in runs["noop"]),
-        "noop_changed": max(r.changed for r in runs["noop"]),
+        "dry_1_adjacent_s": statistics.median(r.seconds for r in runs["dry_1"] or runs["dry"]),
+        "noop_1_adjacent_s": statistics.median(r.seconds for r in runs["noop_1"] or runs["noop"]),
+        "noop_changed": max(r.changed for r in runs["noop"] + runs["noop_1"]),
         "noop_cpu_s": statistics.median(r.cpu_s for r in runs["noop"]),
         "noop_guest_cpu_s": statistics.median(r.guest_cpu_s for r in runs["noop"]),
         "dry_guest_cpu_s": statistics.median(r.guest_cpu_s for r in runs["dry"]),
@@ -300,7 +318,8 @@ def sweep(sizes: list[int], repeats: int) -> dict:
             break
         m = measure(list(up), repeats)
         out["by_n"][len(up)] = m
-        _log(f"{len(up)} hosts: dry run {m['dry_s']:.1f} s, no-op re-run {m['noop_s']:.1f} s (changed "
+        _log(f"{len(up)} hosts: dry run {m['dry_s']:.1f} s (1 host beside it {m['dry_1_adjacent_s']:.1f} s), no-op "
+             f"re-run {m['noop_s']:.1f} s (1 host beside it {m['noop_1_adjacent_s']:.1f} s; changed "
              f"{m['noop_changed']}; CPU: controller {m['noop_cpu_s']:.1f} s, guests {m['noop_guest_cpu_s']:.1f} s), "
              f"controller peak RSS "
              f"{m['peak_rss_mib']:.0f} MiB, peak ssh {m['peak_ssh']}")
@@ -331,7 +350,11 @@ def figures(out: dict) -> dict:
                 f"scale_noop_controller_cpu_s_{n}": m["noop_cpu_s"],
                 f"scale_noop_guests_cpu_s_{n}": m["noop_guest_cpu_s"],
                 f"scale_dry_guests_cpu_s_{n}": m["dry_guest_cpu_s"],
-                f"scale_peak_rss_mib_{n}": m["peak_rss_mib"], f"scale_peak_ssh_{n}": m["peak_ssh"]}
+                f"scale_peak_rss_mib_{n}": m["peak_rss_mib"], f"scale_peak_ssh_{n}": m["peak_ssh"],
+                f"scale_dry_s_1_beside_{n}": m["dry_1_adjacent_s"],
+                f"scale_noop_s_1_beside_{n}": m["noop_1_adjacent_s"],
+                f"scale_dry_{n}_over_adjacent_1": m["dry_s"] / m["dry_1_adjacent_s"],
+                f"scale_noop_{n}_over_adjacent_1": m["noop_s"] / m["noop_1_adjacent_s"]}
     if 1 in by_n:
         for n in {max(by_n)} | ({50} & set(by_n)):
             fig[f"scale_dry_{n}_over_1"] = by_n[n]["dry_s"] / by_n[1]["dry_s"]
