@@ -26,3 +26,13 @@ def record(figures: dict) -> None:
         current = {}
     current.update(figures)
     RESULTS.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+
+
+def forget(prefix: str) -> None:
+    """Drop the keys starting with `prefix` (a part's figures of an earlier run, before it records anew)."""
+    try:
+        current = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return
+    RESULTS.write_text(json.dumps({k: v for k, v in current.items() if not k.startswith(prefix)}, indent=1,
+                                  sort_keys=True) + "\n")

@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.results import record
+from bench.results import forget, record
 from sandbox import clones
 from sandbox import hosts as sandbox_api
 
@@ -350,11 +350,12 @@ def figures(out: dict) -> dict:
                 f"scale_noop_controller_cpu_s_{n}": m["noop_cpu_s"],
                 f"scale_noop_guests_cpu_s_{n}": m["noop_guest_cpu_s"],
                 f"scale_dry_guests_cpu_s_{n}": m["dry_guest_cpu_s"],
-                f"scale_peak_rss_mib_{n}": m["peak_rss_mib"], f"scale_peak_ssh_{n}": m["peak_ssh"],
-                f"scale_dry_s_1_beside_{n}": m["dry_1_adjacent_s"],
-                f"scale_noop_s_1_beside_{n}": m["noop_1_adjacent_s"],
-                f"scale_dry_{n}_over_adjacent_1": m["dry_s"] / m["dry_1_adjacent_s"],
-                f"scale_noop_{n}_over_adjacent_1": m["noop_s"] / m["noop_1_adjacent_s"]}
+                f"scale_peak_rss_mib_{n}": m["peak_rss_mib"], f"scale_peak_ssh_{n}": m["peak_ssh"]}
+        if n > 1:
+            fig |= {f"scale_dry_s_1_beside_{n}": m["dry_1_adjacent_s"],
+                    f"scale_noop_s_1_beside_{n}": m["noop_1_adjacent_s"],
+                    f"scale_dry_{n}_over_adjacent_1": m["dry_s"] / m["dry_1_adjacent_s"],
+                    f"scale_noop_{n}_over_adjacent_1": m["noop_s"] / m["noop_1_adjacent_s"]}
     if 1 in by_n:
         for n in {max(by_n)} | ({50} & set(by_n)):
             fig[f"scale_dry_{n}_over_1"] = by_n[n]["dry_s"] / by_n[1]["dry_s"]
@@ -386,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cleanup(args.keep)
     fig = figures(out)
+    forget("scale_")  # an earlier `python -m bench.scale`'s N may not be measured again
     record(fig)
     top = max(out["by_n"])
     if 1 in out["by_n"] and top > 1:

@@ -67,3 +67,33 @@ def test_inotify_limit_grows_with_the_guests_and_is_never_lowered():
     assert hosts.inotify_instances_needed(50, 128) == 50 * hosts.INOTIFY_PER_GUEST + hosts.INOTIFY_SLACK
     assert hosts.inotify_instances_needed(1, 128) == max(128, hosts.INOTIFY_PER_GUEST + hosts.INOTIFY_SLACK)
     assert hosts.inotify_instances_needed(10, 100000) == 100000
+
+
+def _m(dry: float, noop: float, dry1: float, noop1: float) -> dict:
+    return {"dry_s": dry, "noop_s": noop, "dry_1_adjacent_s": dry1, "noop_1_adjacent_s": noop1, "noop_changed": 0,
+            "noop_cpu_s": 1.0, "noop_guest_cpu_s": 1.0, "dry_guest_cpu_s": 0.1, "peak_rss_mib": 70.0, "peak_ssh": 1}
+
+
+def test_figures_give_the_ratios_of_the_largest_n_and_50_to_one_host():
+    from bench.scale import figures
+
+    out = {"converge_s": 100.0, "template": {"upper_disk": 2**30, "rss": 2**30, "pss": 2**29}, "layer_disk": 2**30,
+           "capped": "", "settles": [], "by_n": {1: _m(2.0, 4.0, 2.0, 4.0), 10: _m(3.0, 8.0, 2.0, 5.0),
+                                                  50: _m(4.0, 12.0, 2.0, 6.0)}}
+    fig = figures(out)
+    assert fig["scale_dry_50_over_1"] == 2.0 and fig["scale_noop_50_over_1"] == 3.0
+    assert "scale_noop_10_over_1" not in fig  # only the largest N (and 50)
+    assert fig["scale_noop_10_over_adjacent_1"] == 8.0 / 5.0
+    assert "scale_noop_1_over_adjacent_1" not in fig
+    assert fig["scale_max_hosts"] == 50 and fig["scale_host_upper_disk_mib"] == 1024
+
+
+def test_forget_drops_one_parts_keys(tmp_path, monkeypatch):
+    import json
+
+    from bench import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "latest.json")
+    results.record({"scale_noop_s_17": 1.0, "noop_s": 2.0})
+    results.forget("scale_")
+    assert json.loads((tmp_path / "latest.json").read_text()) == {"noop_s": 2.0}
