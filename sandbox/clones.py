@@ -115,6 +115,10 @@ def remove_snapshot(label: str) -> None:
     if left:
         raise RuntimeError(f"snapshot {label}: hosts run on it ({', '.join(left)}): remove them first")
     shutil.rmtree(snapshot_path(label), ignore_errors=True)
+    try:
+        SNAPSHOT_DIR.rmdir()  # the last one
+    except OSError:
+        pass
 
 
 def disk_bytes(path: Path) -> int:
