@@ -86,7 +86,7 @@ ANSIBLE_CORE := ansible-core==2.19.14
 	touch $@
 
 ## make bench: every benchmark, then a table of every figure with its goal; PART=noop (report, rollout,
-## transfer, seeding) runs one part and keeps the other parts' figures in bench/results/latest.json
+## transfer, seeding, scale) runs one part and keeps the other parts' figures in bench/results/latest.json
 PART ?=
 bench: setup .sandbox/ansible-venv/.installed
 	$(PY) -m bench $(foreach p,$(PART),--part $(p))

@@ -25,6 +25,8 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "verify_over_sha256sum": (">=", 0.9, "bench/transfer.py"),
     "seed_hub_bytes_over_model": ("<=", 1.05, "README: one Hub download per fleet (peer seeding)"),
     "seed_over_hub_only_s": ("<=", 1.0, "assumed: seeding is no slower than every host from the Hub"),
+    "scale_dry_50_over_1": ("<=", 2.0, "issue 12: 50 hosts take at most twice one host (dry run)"),
+    "scale_noop_50_over_1": ("<=", 2.0, "issue 12: 50 hosts take at most twice one host (no-op re-run)"),
 }
 _COMPARE: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le}
 # figures listed first, in this order (the issue's); any other recorded figure follows, sorted
