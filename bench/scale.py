@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     record(fig)
     top = max(out["by_n"])
     if 1 in out["by_n"] and top > 1:
-        _log(f"(e) {top} hosts vs 1: dry run x{fig[f'scale_dry_{top}_over_1']:.2f}, no-op re-run "
+        _log(f"(f) {top} hosts vs 1: dry run x{fig[f'scale_dry_{top}_over_1']:.2f}, no-op re-run "
              f"x{fig[f'scale_noop_{top}_over_1']:.2f} (goal: <= 2)")
     if out["capped"]:
         _log(out["capped"])
