@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from rollout import profile
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -217,6 +219,7 @@ class Driver:
         inventory = make_inventory(self.inventory_path, cwd=state.cwd, override_data=dict(self.data),
                                    group_data_directories=self.group_data or None)
         ctx_inventory.set(inventory)
+        profile.watch(state)
         return state, config, inventory
 
     def _start(self, state, config, inventory, names: list[str]):
@@ -232,7 +235,8 @@ class Driver:
         from pyinfra.api.exceptions import PyinfraError
 
         try:
-            connect_all(state)
+            with profile.phase("connect"):
+                connect_all(state)
         except PyinfraError:  # all hosts failed to connect ("No hosts remaining!"): each one's reason below
             pass
         unreachable = [h for h in limit if h not in state.active_hosts]
@@ -245,7 +249,8 @@ class Driver:
         from pyinfra.api.connect import disconnect_all
 
         try:
-            disconnect_all(state)
+            with profile.phase("disconnect"):
+                disconnect_all(state)
         except Exception:  # noqa: BLE001
             pass
 
@@ -294,7 +299,8 @@ class Driver:
         from rollout.seeding import revisions_held
         from tasks.spec import RouterSpec, SpecError, host_spec, validate_inventory
 
-        state, config, inventory = self._state(check_for_changes=True)
+        with profile.phase("inventory"):
+            state, config, inventory = self._state(check_for_changes=True)
         active = self._start(state, config, inventory, routers + servers)
         problems: dict[str, list[str]] = {name: list(self.errors.pop(name, [])) for name in routers + servers}
         try:
@@ -322,7 +328,8 @@ class Driver:
                         return found
 
                 greenlets = {host.name: gevent.spawn(one, host) for host in active if host.name in servers}
-                gevent.joinall(list(greenlets.values()))
+                with profile.phase("checks"):
+                    gevent.joinall(list(greenlets.values()))
                 for name, greenlet in greenlets.items():
                     if greenlet.exception is not None:
                         problems[name].append(f"preflight error: {greenlet.exception}")
@@ -357,19 +364,22 @@ class Driver:
         from core.runstate import run_state
         from core.seeding import offer
 
-        state, config, inventory = self._state(check_for_changes=self.dry)
+        with profile.phase("inventory"):
+            state, config, inventory = self._state(check_for_changes=self.dry)
         run = run_state(state)
         offer(state, offers or {})
         try:
             active = self._start(state, config, inventory, batch.hosts)
             if active:
                 state.set_stage(StateStage.Prepare)
-                load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
+                with profile.phase("prepare (deploy file)"):
+                    load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
                 config.reset_locked_state()
                 if not self.dry:
                     state.set_stage(StateStage.Execute)
                     try:
-                        run_ops(state)
+                        with profile.phase("execute"):
+                            run_ops(state)
                     except PyinfraError as err:  # "No hosts remaining!": every host failed
                         for host in active:
                             if run.first_failure(host.name) is None:
@@ -422,7 +432,8 @@ class Driver:
 
     def run(self) -> RolloutReport:
         started = time.monotonic()
-        routers, servers = self.load()
+        with profile.phase("load (inventory, specs)"):
+            routers, servers = self.load()
         batches = plan_batches(routers, servers, self.batch_size, self.canary, self.groups)
         results = {name: HostResult(name, batch.label) for batch in batches for name in batch.hosts}
         report = RolloutReport(results=results, batches=batches, exit_code=0)
@@ -433,7 +444,8 @@ class Driver:
             t0 = time.monotonic()
             held: dict[str, set[str]] = {}
             missing: dict[str, set[str]] = {}
-            problems = self.gather_preflight(routers, servers, held, missing)
+            with profile.phase("preflight", scope=True):
+                problems = self.gather_preflight(routers, servers, held, missing)
             seeding.learn(held, missing)
             report.preflight_s = time.monotonic() - t0
             report.preflight_problems = problems
@@ -474,7 +486,8 @@ class Driver:
             self.echo(f"rollout: batch {batch.label}: {', '.join(batch.hosts)}"
                       + (" (dry: plan only)" if self.dry else ""))
             t0 = time.monotonic()
-            self.run_batch(batch, results, seeding.offers([n for n in batch.hosts if n in self.specs]))
+            with profile.phase("batch", scope=True):
+                self.run_batch(batch, results, seeding.offers([n for n in batch.hosts if n in self.specs]))
             report.batch_seconds[batch.label] = time.monotonic() - t0
             seeding.converged([n for n in batch.hosts if n in self.specs and results[n].result == "ok"])
             if self.dry:
