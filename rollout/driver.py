@@ -219,7 +219,6 @@ class Driver:
         inventory = make_inventory(self.inventory_path, cwd=state.cwd, override_data=dict(self.data),
                                    group_data_directories=self.group_data or None)
         ctx_inventory.set(inventory)
-        profile.watch(state)
         return state, config, inventory
 
     def _start(self, state, config, inventory, names: list[str]):
@@ -231,6 +230,7 @@ class Driver:
         state.init(inventory, config, initial_limit=limit)
         why: dict[str, str] = {}
         state.add_callback_handler(connect_errors_recorder(why))
+        profile.watch(state)
         state.set_stage(StateStage.Connect)
         from pyinfra.api.exceptions import PyinfraError
 
