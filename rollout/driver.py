@@ -38,6 +38,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from rollout import profile
+from rollout.connections import Connections
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,6 +201,7 @@ class Driver:
         self.seed = seed
         self.specs: dict = {}  # server name -> its validated Spec (load())
         self.addresses: dict[str, tuple[str, int]] = {}  # host name -> (ssh address, port)
+        self.connections = Connections()  # ssh connections kept from one State to the next (close() ends them)
 
     # -- pyinfra plumbing
 
@@ -236,6 +238,7 @@ class Driver:
 
         try:
             with profile.phase("connect"):
+                self.connections.adopt(inventory, names)  # open connections of the last State, when they answer
                 connect_all(state)
         except PyinfraError:  # all hosts failed to connect ("No hosts remaining!"): each one's reason below
             pass
@@ -244,10 +247,10 @@ class Driver:
             self.errors.setdefault(host.name, []).append(connect_failure(host, why.get(host.name)))
         return [h for h in limit if h in state.active_hosts]
 
-    @staticmethod
-    def _stop(state) -> None:
+    def _stop(self, state) -> None:
         from pyinfra.api.connect import disconnect_all
 
+        self.connections.keep(state.inventory, [host.name for host in state.activated_hosts])
         try:
             with profile.phase("disconnect"):
                 disconnect_all(state)
@@ -430,7 +433,17 @@ class Driver:
 
     # -- the rollout
 
+    def close(self) -> None:
+        """Close the ssh connections kept between States."""
+        self.connections.close()
+
     def run(self) -> RolloutReport:
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> RolloutReport:
         started = time.monotonic()
         with profile.phase("load (inventory, specs)"):
             routers, servers = self.load()
