@@ -100,6 +100,9 @@ def server_args_accepted(spec: Spec, rendered: Rendered):
     Before a (re)start, check the new command line with the installed SGLang's
     own parser (``prepare_server_args``), options file included, so a typo in
     an extra argument stops the deploy and the running server keeps serving.
+    Once per run and command line (the drain step's check serves the service
+    step), and not when the running server was started with this very unit,
+    options file and venv packages (only its environment changed, say).
 
     .. code:: python
 
