@@ -39,6 +39,7 @@ from pathlib import Path
 
 from rollout import profile
 from rollout.connections import Connections
+from rollout.static_facts import StaticFacts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,6 +203,7 @@ class Driver:
         self.specs: dict = {}  # server name -> its validated Spec (load())
         self.addresses: dict[str, tuple[str, int]] = {}  # host name -> (ssh address, port)
         self.connections = Connections()  # ssh connections kept from one State to the next (close() ends them)
+        self.static_facts = StaticFacts()  # the preflight's GPU facts, for the batches
 
     # -- pyinfra plumbing
 
@@ -230,6 +232,8 @@ class Driver:
         config.lock_current_state()
         limit = [inventory.get_host(name) for name in names]
         state.init(inventory, config, initial_limit=limit)
+        for host in limit:
+            self.static_facts.attach(host)
         why: dict[str, str] = {}
         state.add_callback_handler(connect_errors_recorder(why))
         profile.watch(state)

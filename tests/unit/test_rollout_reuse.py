@@ -118,3 +118,31 @@ def test_profile_phases_nest_and_are_written(monkeypatch, tmp_path):
     assert set(data) == {"phase:batch", "phase:batch: connect"}
     assert json.loads(target.read_text()) == data
     assert any("phase:batch: connect" in line for line in lines)
+
+
+def test_gpu_facts_are_read_once_per_rollout_and_others_every_time():
+    from facts.gpu import GpuP2P, NvidiaGpus
+    from facts.venv import VenvPackages
+    from rollout.static_facts import StaticFacts
+
+    asked: list[tuple] = []
+    answers = {NvidiaGpus: [], GpuP2P: None, VenvPackages: {"sglang": "0.5.23"}}
+
+    def host_in(state_no: int):
+        host = SimpleNamespace(name="a")
+        host.get_fact = lambda cls, *args, **kwargs: asked.append((state_no, cls, kwargs)) or answers[cls]
+        return host
+
+    facts = StaticFacts()
+    first = host_in(1)
+    facts.attach(first)
+    assert first.get_fact(NvidiaGpus) == []  # empty: asked again next time
+    answers[NvidiaGpus] = ["gpu0"]
+    assert first.get_fact(NvidiaGpus) == ["gpu0"]
+    second = host_in(2)  # the next State's host
+    facts.attach(second)
+    assert second.get_fact(NvidiaGpus) == ["gpu0"]
+    assert second.get_fact(VenvPackages, path="/v") == second.get_fact(VenvPackages, path="/v")
+    assert [(n, cls) for n, cls, _ in asked] == [(1, NvidiaGpus), (1, NvidiaGpus), (2, VenvPackages),
+                                                 (2, VenvPackages)]
+    assert facts.hits == 1
