@@ -100,35 +100,40 @@ def print_profile(label: str, per_host: dict[str, float], top: int = 25) -> None
         print(f"  {seconds:7.2f}  {key}")
 
 
-def measure(tmp: Path, before: Path | None = None) -> dict:
-    took, out, rc = _run([*ROLLOUT_CMD, "--batch-size", "4"])
-    assert rc == 0, out[-4000:]
-    converge_s = took
-
-    base_total, base_ready = 0.0, {}
-    folder = _override(tmp / "baseline", uuid.uuid4().hex[:8])
+def per_host_deploys(tmp: Path, label: str, cwd: Path = ROOT) -> tuple[float, float]:
+    """The same restart as `pyinfra --limit HOST deploy.py` per server, in turn: (seconds, servers' ready s)."""
+    total, ready = 0.0, {}
+    folder = _override(tmp / f"{label}-per-host", uuid.uuid4().hex[:8])
     for name in SERVERS:
         took, out, rc = _run([sys.executable, "-m", "pyinfra", "-y", "--limit", name, "inventory/sandbox_fleet.py",
-                              "--group-data", folder, "deploy.py"])
+                              "--group-data", folder, "deploy.py"], cwd=cwd)
         assert rc == 0, out[-4000:]
-        base_total += took
-        base_ready.update(_ready_seconds(out))
-    assert set(base_ready) == set(SERVERS), base_ready
+        total += took
+        ready.update(_ready_seconds(out))
+    assert set(ready) == set(SERVERS), ready
+    return total, sum(ready.values())
 
-    old = rolling_restart(tmp, "before", before) if before is not None else None
-    new = rolling_restart(tmp, "rollout")
-    base_overhead = (base_total - sum(base_ready.values())) / len(SERVERS)
-    result = {
-        "converge_s": converge_s, "baseline_s": base_total, "rollout_s": new["s"],
-        "baseline_ready_s": sum(base_ready.values()), "rollout_ready_s": new["ready_s"],
-        "baseline_overhead_per_host_s": base_overhead, "rollout_overhead_per_host_s": new["overhead_per_host_s"],
-        "rollout_profile_per_host_s": new["profile_per_host_s"],
-    }
-    if old is not None:
-        result |= {"rollout_before_s": old["s"], "rollout_before_ready_s": old["ready_s"],
+
+def measure(tmp: Path, before: Path | None = None) -> dict:
+    """Per-host deploys, then the rollout; with ``before`` that revision's pair first (its own deploy code)."""
+    took, out, rc = _run([*ROLLOUT_CMD, "--batch-size", "4"])
+    assert rc == 0, out[-4000:]
+    result: dict = {"converge_s": took}
+    if before is not None:
+        base_total, base_ready = per_host_deploys(tmp, "before", before)
+        old = rolling_restart(tmp, "before", before)
+        result |= {"baseline_before_s": base_total, "baseline_before_ready_s": base_ready,
+                   "baseline_before_overhead_per_host_s": (base_total - base_ready) / len(SERVERS),
+                   "rollout_before_s": old["s"], "rollout_before_ready_s": old["ready_s"],
                    "rollout_before_overhead_per_host_s": old["overhead_per_host_s"],
                    "rollout_before_profile_per_host_s": old["profile_per_host_s"]}
-    return result
+    base_total, base_ready = per_host_deploys(tmp, "baseline")
+    new = rolling_restart(tmp, "rollout")
+    return result | {
+        "baseline_s": base_total, "rollout_s": new["s"], "baseline_ready_s": base_ready, "rollout_ready_s": new["ready_s"],
+        "baseline_overhead_per_host_s": (base_total - base_ready) / len(SERVERS),
+        "rollout_overhead_per_host_s": new["overhead_per_host_s"], "rollout_profile_per_host_s": new["profile_per_host_s"],
+    }
 
 
 @contextmanager
@@ -169,15 +174,18 @@ def main(argv: list[str] | None = None) -> int:
         figures["rollout_overhead_over_per_host_deploys"] = (r["rollout_overhead_per_host_s"]
                                                              / r["baseline_overhead_per_host_s"])
         if "rollout_before_s" in r:
+            before_ratio = r["rollout_before_overhead_per_host_s"] / r["baseline_before_overhead_per_host_s"]
             print_profile(f"before ({args.before})", r["rollout_before_profile_per_host_s"])
-            print(f"(c) before ({args.before}): rollout {r['rollout_before_s']:.1f} s, overhead per host "
-                  f"{r['rollout_before_overhead_per_host_s']:.2f} s -> ratio "
-                  f"{r['rollout_before_overhead_per_host_s'] / r['baseline_overhead_per_host_s']:.2f}; "
+            print(f"(c) before ({args.before}): rollout {r['rollout_before_s']:.1f} s vs per-host deploys "
+                  f"{r['baseline_before_s']:.1f} s (ready {r['rollout_before_ready_s']:.1f} s / "
+                  f"{r['baseline_before_ready_s']:.1f} s); overhead per host: rollout "
+                  f"{r['rollout_before_overhead_per_host_s']:.2f} s vs per-host deploy "
+                  f"{r['baseline_before_overhead_per_host_s']:.2f} s -> ratio {before_ratio:.2f}; "
                   f"now {r['rollout_overhead_per_host_s']:.2f} s", flush=True)
-            figures |= {"rollout_before_overhead_per_host_s": r["rollout_before_overhead_per_host_s"],
-                        "rollout_before_overhead_over_per_host_deploys":
-                        r["rollout_before_overhead_per_host_s"] / r["baseline_overhead_per_host_s"],
-                        "rollout_before_profile_per_host_s": r["rollout_before_profile_per_host_s"]}
+            figures |= {key: r[key] for key in ("rollout_before_overhead_per_host_s",
+                                                "baseline_before_overhead_per_host_s",
+                                                "rollout_before_profile_per_host_s")}
+            figures["rollout_before_overhead_over_per_host_deploys"] = before_ratio
         print_profile("now", r["rollout_profile_per_host_s"])
         record(figures)
     finally:
