@@ -17,9 +17,9 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 
 from core.ops import managed_file, plan, record_failure
 from core.paths import REMOTE_SRC_DIR
-from core.render import SERVER_LAUNCHER_SCRIPT, Rendered
+from core.render import SERVER_LAUNCHER_SCRIPT, Rendered, packages_digest, sha256
 from core.runstate import run_state
-from core.stamps import restart_reasons
+from core.stamps import read_stamp, restart_reasons, stamp_path
 from facts.systemd import SystemdUnitState
 from facts.venv import VenvPackages
 from tasks.spec import local_http_url
@@ -64,10 +64,15 @@ def server_files(spec: Spec, rendered: Rendered) -> None:
     unit_installed(unit=spec.unit_name, name=f"{spec.unit_name} loaded and enabled")
 
 
-def _check_args(state, host, command: str, shown: str) -> bool:
+_ACCEPTED = "sglang_args_accepted"  # run-state extension: (host, command line digest) the parser accepted
+
+
+def _check_args(state, host, command: str, shown: str, key: str = "") -> bool:
     ok, output = host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
     if ok:
         host.log(f"service: SGLang's parser accepts {shown}", logger.warning)
+        if key:
+            run_state(state).extension(_ACCEPTED, set).add((host.name, key))
         return True
     lines = [line for line in output.stderr_lines if line.strip()] or output.stdout_lines
     reason = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "?")
@@ -95,18 +100,33 @@ def server_args_accepted(spec: Spec, rendered: Rendered):
     Before a (re)start, check the new command line with the installed SGLang's
     own parser (``prepare_server_args``), options file included, so a typo in
     an extra argument stops the deploy and the running server keeps serving.
+    Once per run and command line (the drain step's check serves the service
+    step), and not when the running server was started with this very unit,
+    options file and venv packages (only its environment changed, say).
 
     .. code:: python
 
         server_args_accepted(spec=spec, rendered=render(spec))
     """
-    reasons = restart_reasons(spec, rendered)
+    unit = host.get_fact(SystemdUnitState, unit=spec.unit_name)
+    reasons = restart_reasons(spec, rendered, unit_state=unit)
     if not reasons:
         host.noop("no restart planned: nothing to check")
         return
     packages = host.get_fact(VenvPackages, path=spec.venv_path)
     if "sglang" not in packages:
         host.noop("sglang is not installed in the venv: its parser cannot check the command line")
+        return
+    # the command line (in the unit file), the options file and the installed packages, as checked
+    key = sha256("\n".join([sha256(rendered.unit), sha256(rendered.options), packages_digest(packages)]))
+    if (host.name, key) in run_state().extension(_ACCEPTED, set):
+        host.noop("SGLang's parser accepted this command line earlier in this run")
+        return
+    started_with = read_stamp(stamp_path(spec))
+    if unit.running and [started_with.get(k) for k in ("unit", "options", "packages")] == \
+            [sha256(rendered.unit), sha256(rendered.options), packages_digest(packages)]:
+        host.noop("the running server was started with this command line and these packages: "
+                  "nothing new for SGLang's parser")
         return
     argv = list(spec.server_argv[3:])  # after "python -m module"
     staged = None
@@ -121,7 +141,7 @@ def server_args_accepted(spec: Spec, rendered: Rendered):
     if staged:
         command = f"{command}; rc=$?; rm -f {shlex.quote(staged)}; exit $rc"
     plan("check the new command line with SGLang's parser (prepare_server_args)")
-    yield FunctionCommand(_check_args, (command, " ".join(spec.server_argv[3:9]) + " ..."), {})
+    yield FunctionCommand(_check_args, (command, " ".join(spec.server_argv[3:9]) + " ...", key), {})
 
 
 @operation()

@@ -107,16 +107,21 @@ def main(argv: list[str] | None = None) -> int:
         deploy_file="rollback.py" if args.rollback else args.deploy, preflight=not args.no_preflight,
         seed=not args.no_seed and not args.rollback,
     )
+    from rollout import profile
+
+    profile.start()
     try:
         if args.status:
             from rollout.status import gather, print_status
 
             return print_status(gather(driver))
-        report = driver.run()
+        with profile.phase("run"):
+            report = driver.run()
     except SpecError as err:
         print(f"rollout: {err}", file=sys.stderr)
         return 2
     print_summary(report)
+    profile.finish()
     return report.exit_code
 
 

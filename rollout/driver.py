@@ -37,6 +37,10 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from rollout import profile
+from rollout.connections import Connections
+from rollout.static_facts import StaticFacts
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -198,6 +202,8 @@ class Driver:
         self.seed = seed
         self.specs: dict = {}  # server name -> its validated Spec (load())
         self.addresses: dict[str, tuple[str, int]] = {}  # host name -> (ssh address, port)
+        self.connections = Connections()  # ssh connections kept from one State to the next (close() ends them)
+        self.static_facts = StaticFacts()  # the preflight's GPU facts, for the batches
 
     # -- pyinfra plumbing
 
@@ -226,13 +232,18 @@ class Driver:
         config.lock_current_state()
         limit = [inventory.get_host(name) for name in names]
         state.init(inventory, config, initial_limit=limit)
+        for host in limit:
+            self.static_facts.attach(host)
         why: dict[str, str] = {}
         state.add_callback_handler(connect_errors_recorder(why))
+        profile.watch(state)
         state.set_stage(StateStage.Connect)
         from pyinfra.api.exceptions import PyinfraError
 
         try:
-            connect_all(state)
+            with profile.phase("connect"):
+                self.connections.adopt(inventory, names)  # open connections of the last State, when they answer
+                connect_all(state)
         except PyinfraError:  # all hosts failed to connect ("No hosts remaining!"): each one's reason below
             pass
         unreachable = [h for h in limit if h not in state.active_hosts]
@@ -240,12 +251,13 @@ class Driver:
             self.errors.setdefault(host.name, []).append(connect_failure(host, why.get(host.name)))
         return [h for h in limit if h in state.active_hosts]
 
-    @staticmethod
-    def _stop(state) -> None:
+    def _stop(self, state) -> None:
         from pyinfra.api.connect import disconnect_all
 
+        self.connections.keep(state.inventory, [host.name for host in state.activated_hosts])
         try:
-            disconnect_all(state)
+            with profile.phase("disconnect"):
+                disconnect_all(state)
         except Exception:  # noqa: BLE001
             pass
 
@@ -294,7 +306,8 @@ class Driver:
         from rollout.seeding import revisions_held
         from tasks.spec import RouterSpec, SpecError, host_spec, validate_inventory
 
-        state, config, inventory = self._state(check_for_changes=True)
+        with profile.phase("inventory"):
+            state, config, inventory = self._state(check_for_changes=True)
         active = self._start(state, config, inventory, routers + servers)
         problems: dict[str, list[str]] = {name: list(self.errors.pop(name, [])) for name in routers + servers}
         try:
@@ -322,7 +335,8 @@ class Driver:
                         return found
 
                 greenlets = {host.name: gevent.spawn(one, host) for host in active if host.name in servers}
-                gevent.joinall(list(greenlets.values()))
+                with profile.phase("checks"):
+                    gevent.joinall(list(greenlets.values()))
                 for name, greenlet in greenlets.items():
                     if greenlet.exception is not None:
                         problems[name].append(f"preflight error: {greenlet.exception}")
@@ -357,19 +371,22 @@ class Driver:
         from core.runstate import run_state
         from core.seeding import offer
 
-        state, config, inventory = self._state(check_for_changes=self.dry)
+        with profile.phase("inventory"):
+            state, config, inventory = self._state(check_for_changes=self.dry)
         run = run_state(state)
         offer(state, offers or {})
         try:
             active = self._start(state, config, inventory, batch.hosts)
             if active:
                 state.set_stage(StateStage.Prepare)
-                load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
+                with profile.phase("prepare (deploy file)"):
+                    load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
                 config.reset_locked_state()
                 if not self.dry:
                     state.set_stage(StateStage.Execute)
                     try:
-                        run_ops(state)
+                        with profile.phase("execute"):
+                            run_ops(state)
                     except PyinfraError as err:  # "No hosts remaining!": every host failed
                         for host in active:
                             if run.first_failure(host.name) is None:
@@ -420,9 +437,20 @@ class Driver:
 
     # -- the rollout
 
+    def close(self) -> None:
+        """Close the ssh connections kept between States."""
+        self.connections.close()
+
     def run(self) -> RolloutReport:
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> RolloutReport:
         started = time.monotonic()
-        routers, servers = self.load()
+        with profile.phase("load (inventory, specs)"):
+            routers, servers = self.load()
         batches = plan_batches(routers, servers, self.batch_size, self.canary, self.groups)
         results = {name: HostResult(name, batch.label) for batch in batches for name in batch.hosts}
         report = RolloutReport(results=results, batches=batches, exit_code=0)
@@ -433,7 +461,8 @@ class Driver:
             t0 = time.monotonic()
             held: dict[str, set[str]] = {}
             missing: dict[str, set[str]] = {}
-            problems = self.gather_preflight(routers, servers, held, missing)
+            with profile.phase("preflight", scope=True):
+                problems = self.gather_preflight(routers, servers, held, missing)
             seeding.learn(held, missing)
             report.preflight_s = time.monotonic() - t0
             report.preflight_problems = problems
@@ -474,7 +503,8 @@ class Driver:
             self.echo(f"rollout: batch {batch.label}: {', '.join(batch.hosts)}"
                       + (" (dry: plan only)" if self.dry else ""))
             t0 = time.monotonic()
-            self.run_batch(batch, results, seeding.offers([n for n in batch.hosts if n in self.specs]))
+            with profile.phase("batch", scope=True):
+                self.run_batch(batch, results, seeding.offers([n for n in batch.hosts if n in self.specs]))
             report.batch_seconds[batch.label] = time.monotonic() - t0
             seeding.converged([n for n in batch.hosts if n in self.specs and results[n].result == "ok"])
             if self.dry:

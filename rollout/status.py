@@ -142,6 +142,7 @@ def gather(driver) -> list[HostStatus]:
                 rows[name] = greenlets[name].value
     finally:
         driver._stop(state)
+        driver.close()
     # inventory order: routers and servers interleaved as the inventory lists them
     order = [h.name for h in inventory if h.name in rows]
     return [rows[name] for name in order]

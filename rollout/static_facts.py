@@ -1,0 +1,48 @@
+"""The fleet preflight's hardware facts reused by every batch of the same rollout.
+
+The fleet preflight reads each server's GPUs (``NvidiaGpus``: index, uuid,
+name, memory size, compute capability, driver, PCI bus; ``GpuP2P``;
+``SimulatedGpus``); each batch would read them again, twice (deploy.py's
+resolved spec while preparing, the preflight step while executing). They
+describe the hardware, which the deploy never changes, so one rollout reads
+them once per host: the first non-empty answer is kept (an empty or failed
+one is asked again). Facts that change as the deploy runs (GPU memory in use,
+processes, files, packages, units) are never kept.
+
+    facts = StaticFacts()
+    facts.attach(host)     # after State.init: this host's get_fact answers kept facts from memory
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from facts.gpu import GpuP2P, NvidiaGpus, SimulatedGpus
+
+STATIC_FACTS: tuple[type, ...] = (NvidiaGpus, GpuP2P, SimulatedGpus)
+
+
+class StaticFacts:
+    """Kept hardware facts by (host, fact, arguments), for every State of one rollout."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple, Any] = {}
+        self.hits = 0
+
+    def attach(self, host) -> None:
+        """``host.get_fact`` answers the static facts from memory once it has read them."""
+        original = host.get_fact
+
+        def get_fact(cls, *args, **kwargs):
+            if cls not in STATIC_FACTS:
+                return original(cls, *args, **kwargs)
+            key = (host.name, cls, repr(args), repr(sorted(kwargs.items())))
+            if key in self.values:
+                self.hits += 1
+                return self.values[key]
+            value = original(cls, *args, **kwargs)
+            if value:
+                self.values[key] = value
+            return value
+
+        host.get_fact = get_fact
