@@ -402,9 +402,11 @@ class Fetch:
             for name in again:
                 (self.local_dir / name).unlink(missing_ok=True)
             log(f"fetching {plural(len(again), 'file')} again: {', '.join(again)}")
-            self.before.update(still_to_fetch(self.local_dir, {name: self.expected[name] for name in again}))
+        missing = still_to_fetch(self.local_dir, self.expected)
+        if again:
+            self.before.update({name: missing[name] for name in again if name in missing})
         else:
-            self.before = still_to_fetch(self.local_dir, self.expected)
+            self.before = missing
         if not self.before:  # everything is on disk at its size (a peer copied it): the digests decide
             log(f"fetched {fetched_bytes(self.counter, self.local_dir, self.before)} from the Hub in this run "
                 f"(every file was on disk at its size)")
@@ -412,7 +414,7 @@ class Fetch:
         attempts: list[int] = []
         # only the files not on disk at their size: huggingface_hub would re-fetch the small files a peer
         # copied (no download metadata of its own) and hash the big ones a second time
-        patterns = sorted(glob.escape(name) for name in still_to_fetch(self.local_dir, self.expected))
+        patterns = sorted(glob.escape(name) for name in missing)
 
         def once() -> None:
             self.hub.snapshot_download(

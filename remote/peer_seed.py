@@ -79,15 +79,21 @@ def rsync_command(source: str, local_dir: Path, files_from: Path, ssh: list[str]
             "-e", shlex.join(ssh), source.rstrip("/") + "/", str(local_dir) + "/"]
 
 
-def _on_disk(local_dir: Path, names: dict[str, int]) -> int:
-    """Bytes of the wanted files now complete in the local dir, plus rsync's temp files."""
-    total = 0
-    for name, size in names.items():
+def _complete(local_dir: Path, wanted: dict[str, int]) -> dict[str, int]:
+    """The wanted files now in the local dir at their size."""
+    out = {}
+    for name, size in wanted.items():
         try:
             if (local_dir / name).stat().st_size == size:
-                total += size
+                out[name] = size
         except OSError:
             pass
+    return out
+
+
+def _on_disk(local_dir: Path, names: dict[str, int]) -> int:
+    """Bytes of the wanted files now complete in the local dir, plus rsync's temp files."""
+    total = sum(_complete(local_dir, names).values())
     tmp = local_dir / SEED_TMP
     if tmp.is_dir():
         for path in tmp.rglob("*"):
@@ -144,15 +150,8 @@ def copy_from_peer(source: str, local_dir: Path, wanted: dict[str, int], ssh: li
         shutil.rmtree(tmp, ignore_errors=True)
         files_from.unlink(missing_ok=True)
     seconds = time.monotonic() - started
-    complete = {name: size for name, size in wanted.items() if _size(local_dir / name) == size}
+    complete = _complete(local_dir, wanted)
     got = sum(complete.values())
     if proc.returncode != 0:
         return Seeded(False, len(complete), got, seconds, _why(proc.returncode, proc.stderr))
     return Seeded(True, len(complete), got, seconds)
-
-
-def _size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return None
