@@ -23,7 +23,12 @@ $(VENV)/.installed: pyproject.toml
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
 
+# The project's bytecode, written here because a shell with PYTHONDONTWRITEBYTECODE set never writes
+# it: every pyinfra run then compiled deploy.py's ~60 modules again (0.3-0.5 s of a 1.5 s no-op re-run).
+# compileall rewrites only what changed since; python itself keeps it fresh where it may write.
+PROJECT_PACKAGES := core facts tasks rollout sandbox remote bench
 setup: $(VENV)/.installed .apt-tools
+	@$(PY) -m compileall -q $(PROJECT_PACKAGES)
 
 # Venvs the stand-in's unit tests run under: SGLang's real parser (sglang
 # without its CUDA deps, beside the machine's CPU torch) and compressed-tensors 0.8.1.

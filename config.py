@@ -2,6 +2,8 @@
 # inventory. It makes `pyinfra INVENTORY deploy.py` validate every targeted
 # host's settings before the first ssh connection, so bad settings stop the
 # run even when some host is unreachable, and no host is touched.
+import atexit
+import gc
 import sys
 
 from pyinfra.context import ctx_state
@@ -10,3 +12,11 @@ from tasks.spec_gate import runs_this_deploy, validate_before_connect
 
 if runs_this_deploy(sys.argv):
     validate_before_connect(ctx_state.get())
+
+# What is loaded by now (pyinfra, gevent, paramiko, pydantic and our spec code:
+# ~65,000 objects) lives until the CLI exits: the cyclic GC need not walk it at
+# each full collection, nor again several times while the interpreter exits
+# (0.15-0.3 s of a 2 s no-op run). Python does not promise to finalize what is
+# left at exit anyway, so freezing it then changes nothing but the time.
+gc.freeze()
+atexit.register(gc.freeze)

@@ -11,11 +11,12 @@ they are. Settings are validated before any host is touched, as for deploy.py.
 
 from pyinfra import host, inventory
 
-from core import factcache
+from core import factcache, ssh
 from core.checks import resolved_spec
 from tasks.pipeline import ROLLBACK_PIPELINE
 from tasks.spec import RouterSpec, host_spec, validate_inventory
 
+ssh.nodelay(host)  # each command sent at once, not after the host's delayed ACK (core/ssh.py)
 factcache.start(host)  # each fact read once per host until something changes there
 validate_inventory(inventory)
 spec = host_spec(host)

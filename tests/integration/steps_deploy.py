@@ -9,11 +9,12 @@ import os
 
 from pyinfra import host, inventory
 
-from core import factcache
+from core import factcache, ssh
 from core.checks import resolved_spec
 from tasks.pipeline import SERVER_PIPELINE
 from tasks.spec import Spec, host_spec, validate_inventory
 
+ssh.nodelay(host)  # each command sent at once, not after the host's delayed ACK (core/ssh.py)
 factcache.start(host)  # each fact read once per host until something changes there
 validate_inventory(inventory)
 spec = host_spec(host)
