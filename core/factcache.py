@@ -10,12 +10,14 @@ arguments, and drops a host's values as soon as that host runs anything that
 is not a fact read (an operation's command, a FunctionCommand's own command,
 an upload): a fact read after a change is read again. The venv facts of
 facts/venv_batch.py are read together, by one python run on the host, and
-``prefetch`` reads the shell facts a server's steps read (``server_reads``)
-in one round trip.
+``prefetch`` reads the facts a server's steps read (``server_reads``), the
+venv batch among them, in one round trip.
 
 Only facts that nothing but a deploy changes are kept; those that change on
 their own (the unit's state, /health, the GPUs' memory and processes, ports,
-the router's workers) are read each time.
+the router's workers) are read each time, except that the prefetch answers
+the first read of those in ``FIRST_READ`` when nothing ran on the host since:
+the value it read a moment before, used once.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from pyinfra.api.host import Host
 from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormatReferences, CompressionFormats
 from facts.files import FileDigest, FileText
 from facts.gpu import GpuP2P, NvidiaGpus, SimulatedGpus
+from facts.http import HttpStatus
 from facts.interpreter import PythonInterpreter
 from facts.model_dir import ModelConfig, ModelDirState
+from facts.nvml import NvmlGpuUsage
+from facts.ports import PortListener
+from facts.systemd import SystemdUnitState
 from facts.venv import ExactPins, VenvPackages, VenvState
 from facts.venv_batch import MEMBERS, VenvFacts, member_values
 
@@ -44,10 +50,14 @@ CACHED: frozenset[type] = frozenset({
     NvidiaGpus, GpuP2P, SimulatedGpus,  # the GPUs' model, driver and topology (memory is read by NVML each time)
 })  # fmt: skip
 
+# facts that change on their own whose first read in a deploy the prefetch answers (see prefetch)
+FIRST_READ: frozenset[type] = frozenset({SystemdUnitState, HttpStatus, NvmlGpuUsage, PortListener})
+
 # read together, by one python run of the venv (facts/venv_batch.py): fact -> its arguments besides path
 BATCHED: dict[type, dict[str, str]] = {fact: kwargs for fact, _code, _args, kwargs, _absent in MEMBERS}
 
 _VALUES = "_sgc_fact_cache"
+_FIRST = "_sgc_fact_first"  # FIRST_READ values from the prefetch, each used once
 _DEPTH = "_sgc_fact_depth"
 
 
@@ -65,6 +75,7 @@ def _values(host: Any) -> dict:
 def forget(host: Any) -> None:
     """Drop the host's kept facts (it changed, or may have)."""
     host.__dict__[_VALUES] = {}
+    host.__dict__[_FIRST] = {}
 
 
 def start(host: Any) -> None:
@@ -82,6 +93,9 @@ def install(host_class: Any = Host) -> None:
 
     def cached_get_fact(self: Any, cls: Any, *args: Any, **kwargs: Any) -> Any:
         if cls not in CACHED:
+            first = self.__dict__.get(_FIRST)
+            if first and (key := _key(cls, args, kwargs)) in first:
+                return first.pop(key)
             return _reading(self, get_fact, cls, *args, **kwargs)
         key, values = _key(cls, args, kwargs), _values(self)
         if key not in values and _batched(cls, args, kwargs):
@@ -131,8 +145,10 @@ _MISSING = "##PYINFRA_NOCMD##"  # pyinfra's output for a fact whose requires_com
 
 
 def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
-    """The kept shell facts a server's steps read on every run, with the arguments they read them with."""
+    """The facts a server's steps read on every run, with the arguments they read them with: the
+    kept ones, the venv batch, and the first read of those of ``FIRST_READ`` that every run reads."""
     from core.last_good import last_good_stamp_path
+    from core.server import local_url
     from core.stamps import stamp_path
     from tasks.spec.built import SERVER_LAUNCHER
 
@@ -143,6 +159,9 @@ def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
     reads += [(FileText, {"path": path}) for path in (stamp_path(spec), last_good_stamp_path(spec))]
     reads += [(FileDigest, {"path": path})
               for path in (spec.unit_path, spec.options_path, spec.env_path, SERVER_LAUNCHER)]
+    reads += [(VenvFacts, {"path": spec.venv_path}), (PortListener, {"port": spec.listen_port}),
+              (NvmlGpuUsage, {"python": spec.python_bin}), (SystemdUnitState, {"unit": spec.unit_name}),
+              (HttpStatus, {"url": local_url(spec) + "/health"})]
     return reads
 
 
@@ -157,12 +176,21 @@ def _shell(cls: type, kwargs: dict[str, Any]) -> str:
     return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
+def _wanted(cls: type, kwargs: dict[str, Any], values: dict) -> bool:
+    """A read the prefetch does: a kept fact not kept yet (the venv batch: one of its members), or a FIRST_READ."""
+    if cls is VenvFacts:
+        return any(_key(fact, (), {"path": kwargs["path"], **extra}) not in values for fact, extra in BATCHED.items())
+    return cls in FIRST_READ or (cls in CACHED and _key(cls, (), kwargs) not in values)
+
+
 def prefetch(host: Any, reads: list[tuple[type, dict[str, Any]]]) -> None:
-    """Read these facts (not kept yet) in one round trip and keep each; one that fails is left for its own read."""
+    """Read these facts in one round trip: each kept fact not kept yet is kept, the venv batch gives its
+    members' values, and the value of a ``FIRST_READ`` fact answers its next read if nothing runs on the
+    host before it (then it is read again, as always). One that fails is left for its own read."""
     if hasattr(host, "_get_module"):  # pyinfra's context proxy (`from pyinfra import host`): the host it stands for
         host = host._get_module()
     values = _values(host)
-    todo = [(cls, kwargs) for cls, kwargs in reads if cls in CACHED and _key(cls, (), kwargs) not in values]
+    todo = [(cls, kwargs) for cls, kwargs in reads if _wanted(cls, kwargs, values)]
     if len(todo) < 2 or not getattr(type(host), "_sgc_fact_cache_installed", False) or not host.connected:
         return
     # an echo ends an output without a last newline; _split drops the empty line it adds after one with it
@@ -175,13 +203,22 @@ def prefetch(host: Any, reads: list[tuple[type, dict[str, Any]]]) -> None:
         host.__dict__[_DEPTH] -= 1
     if not ok or host.__dict__.get(_VALUES) is not values:
         return
+    first = host.__dict__.setdefault(_FIRST, {})
     for index, lines in _split(output.stdout_lines).items():
         cls, kwargs = todo[index]
-        if lines != [_MISSING]:
-            try:
-                values.setdefault(_key(cls, (), kwargs), cls().process(lines) if lines else cls().default())
-            except Exception:  # noqa: BLE001, S112 - left for its own read, which reports it as pyinfra does
-                continue
+        if lines == [_MISSING]:
+            continue
+        try:
+            value = cls().process(lines) if lines else cls().default()
+        except Exception:  # noqa: BLE001, S112 - left for its own read, which reports it as pyinfra does
+            continue
+        if cls is VenvFacts:
+            for fact, fact_kwargs, member in member_values(kwargs["path"], value):
+                values.setdefault(_key(fact, (), fact_kwargs), member)
+        elif cls in FIRST_READ:
+            first[_key(cls, (), kwargs)] = value
+        else:
+            values.setdefault(_key(cls, (), kwargs), value)
 
 
 def _split(lines: list[str]) -> dict[int, list[str]]:

@@ -115,3 +115,32 @@ def test_split_keeps_only_facts_that_exited_zero():
     lines = [f"{mark} 0", "a", "", f"{mark} rc 0", f"{mark} 1", "b", "", f"{mark} rc 2", f"{mark} 2", "",
              f"{mark} rc 0", f"{mark} 3", "c", f"{mark} rc 0", f"{mark} 4", "d", "", "", f"{mark} rc 0"]
     assert factcache._split(lines) == {0: ["a"], 2: [], 3: ["c"], 4: ["d", ""]}
+
+
+def test_prefetch_answers_the_first_read_of_a_fact_that_changes_on_its_own_once(tmp_path):
+    """A FIRST_READ fact: the prefetch's value serves its next read only, and only while nothing ran."""
+    host = FakeHost()
+    (tmp_path / "config.json").write_text("{}")
+    url = "http://127.0.0.1:9/health"
+    reads = [(ModelConfig, {"path": str(tmp_path)}), (HttpStatus, {"url": url})]
+    factcache.prefetch(host, reads)
+    assert host.get_fact(HttpStatus, url=url) == 0 and len(host.ran) == 1  # the prefetch's value
+    host.get_fact(HttpStatus, url=url)
+    assert len(host.ran) == 2  # read again: that value was for one read
+    factcache.prefetch(host, reads)  # ModelConfig is kept: only HttpStatus to read, not worth a round trip
+    assert len(host.ran) == 2
+    factcache.prefetch(host, [*reads, (HttpStatus, {"url": url + "?"})])
+    host.run_shell_command("true")  # an operation's command: the host may have changed
+    host.get_fact(HttpStatus, url=url)
+    assert len(host.ran) == 5  # the prefetched value was dropped with the change
+
+
+def test_prefetch_reads_the_venv_batch_with_the_shell_facts(tmp_path):
+    host = FakeHost()
+    (tmp_path / "config.json").write_text("{}")
+    factcache.prefetch(host, [(ModelConfig, {"path": str(tmp_path)}), (VenvFacts, {"path": sys.prefix})])
+    assert "pyinfra" in host.get_fact(venv.VenvPackages, path=sys.prefix)
+    host.get_fact(ct.CompressionFormatReferences, path=sys.prefix, package="sglang")
+    assert len(host.ran) == 1
+    factcache.prefetch(host, [(ModelConfig, {"path": str(tmp_path)}), (VenvFacts, {"path": sys.prefix})])
+    assert len(host.ran) == 1  # all kept: nothing to read
