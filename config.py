@@ -8,8 +8,10 @@ import sys
 
 from pyinfra.context import ctx_state
 
+from core.ssh import nodelay_on_connect
 from tasks.spec_gate import runs_this_deploy, validate_before_connect
 
+nodelay_on_connect(ctx_state.get())  # ssh without Nagle's ~40 ms waits (core/ssh.py)
 if runs_this_deploy(sys.argv):
     validate_before_connect(ctx_state.get())
 
