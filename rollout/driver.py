@@ -213,8 +213,11 @@ class Driver:
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state
         from pyinfra_cli.inventory import make_inventory
 
+        from core.ssh import nodelay_on_connect
+
         state = State(check_for_changes=check_for_changes)
         state.cwd = str(REPO_ROOT)
+        nodelay_on_connect(state)  # ssh without Nagle's ~40 ms waits, as config.py does for the CLI
         ctx_state.set(state)
         # FAIL_PERCENT None: every host of a batch runs to its end or its own failure;
         # the driver gates the batches (max_failed)
