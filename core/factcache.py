@@ -31,7 +31,6 @@ from pyinfra.api.host import Host
 from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormatReferences, CompressionFormats
 from facts.files import FileDigest, FileText
 from facts.gpu import GpuP2P, NvidiaGpus, SimulatedGpus
-from facts.http import HttpStatus
 from facts.interpreter import PythonInterpreter
 from facts.model_dir import ModelConfig, ModelDirState
 from facts.nvml import NvmlGpuUsage
@@ -50,8 +49,9 @@ CACHED: frozenset[type] = frozenset({
     NvidiaGpus, GpuP2P, SimulatedGpus,  # the GPUs' model, driver and topology (memory is read by NVML each time)
 })  # fmt: skip
 
-# facts that change on their own whose first read in a deploy the prefetch answers (see prefetch)
-FIRST_READ: frozenset[type] = frozenset({SystemdUnitState, HttpStatus, NvmlGpuUsage, PortListener})
+# facts that change on their own whose first read in a deploy the prefetch answers (see prefetch); not
+# /health: the readiness check reads it right after the unit's state, both as they are then
+FIRST_READ: frozenset[type] = frozenset({SystemdUnitState, NvmlGpuUsage, PortListener})
 
 # read together, by one python run of the venv (facts/venv_batch.py): fact -> its arguments besides path
 BATCHED: dict[type, dict[str, str]] = {fact: kwargs for fact, _code, _args, kwargs, _absent in MEMBERS}
@@ -148,7 +148,6 @@ def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
     """The facts a server's steps read on every run, with the arguments they read them with: the
     kept ones, the venv batch, and the first read of those of ``FIRST_READ`` that every run reads."""
     from core.last_good import last_good_stamp_path
-    from core.server import local_url
     from core.stamps import stamp_path
     from tasks.spec.built import SERVER_LAUNCHER
 
@@ -160,8 +159,7 @@ def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
     reads += [(FileDigest, {"path": path})
               for path in (spec.unit_path, spec.options_path, spec.env_path, SERVER_LAUNCHER)]
     reads += [(VenvFacts, {"path": spec.venv_path}), (PortListener, {"port": spec.listen_port}),
-              (NvmlGpuUsage, {"python": spec.python_bin}), (SystemdUnitState, {"unit": spec.unit_name}),
-              (HttpStatus, {"url": local_url(spec) + "/health"})]
+              (NvmlGpuUsage, {"python": spec.python_bin}), (SystemdUnitState, {"unit": spec.unit_name})]
     return reads
 
 

@@ -16,6 +16,7 @@ from facts import venv
 from facts.gpu import SimulatedGpus
 from facts.http import HttpStatus
 from facts.model_dir import ModelConfig
+from facts.ports import PortListener
 from facts.venv_batch import MEMBERS, VenvFacts, member_values
 
 
@@ -121,18 +122,21 @@ def test_prefetch_answers_the_first_read_of_a_fact_that_changes_on_its_own_once(
     """A FIRST_READ fact: the prefetch's value serves its next read only, and only while nothing ran."""
     host = FakeHost()
     (tmp_path / "config.json").write_text("{}")
-    url = "http://127.0.0.1:9/health"
-    reads = [(ModelConfig, {"path": str(tmp_path)}), (HttpStatus, {"url": url})]
+    port = {"port": 9}
+    reads = [(ModelConfig, {"path": str(tmp_path)}), (PortListener, port)]
     factcache.prefetch(host, reads)
-    assert host.get_fact(HttpStatus, url=url) == 0 and len(host.ran) == 1  # the prefetch's value
-    host.get_fact(HttpStatus, url=url)
+    assert host.get_fact(PortListener, **port) is None and len(host.ran) == 1  # the prefetch's value
+    host.get_fact(PortListener, **port)
     assert len(host.ran) == 2  # read again: that value was for one read
-    factcache.prefetch(host, reads)  # ModelConfig is kept: only HttpStatus to read, not worth a round trip
+    factcache.prefetch(host, reads)  # ModelConfig is kept: only PortListener to read, not worth a round trip
     assert len(host.ran) == 2
-    factcache.prefetch(host, [*reads, (HttpStatus, {"url": url + "?"})])
+    factcache.prefetch(host, [*reads, (PortListener, {"port": 10})])
     host.run_shell_command("true")  # an operation's command: the host may have changed
-    host.get_fact(HttpStatus, url=url)
+    host.get_fact(PortListener, **port)
     assert len(host.ran) == 5  # the prefetched value was dropped with the change
+    factcache.prefetch(host, [(SimulatedGpus, {}), (HttpStatus, {"url": "http://127.0.0.1:9/health"})])
+    host.get_fact(HttpStatus, url="http://127.0.0.1:9/health")
+    assert len(host.ran) == 6  # /health is not one of them: read when the readiness check reads it
 
 
 def test_prefetch_reads_the_venv_batch_with_the_shell_facts(tmp_path):
