@@ -6,6 +6,7 @@ The standard library only; huggingface_hub and its HTTP client are imported by t
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 from pathlib import Path
@@ -27,29 +28,41 @@ def plural(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def tune_transfer(constants) -> list[str]:
-    """Make each plain-HTTP download cheaper in CPU; the knobs set (for the log, and the tests).
+def tune_transfer(constants, http11=None) -> list[str]:
+    """Make each plain-HTTP download cheaper in CPU; the knobs set (for the tests). `http11`: httpcore's
+    module that reads responses (default: the one under huggingface_hub's httpx or httpx2).
 
-    Measured (bench/transfer.py; one 500 MB body, CPU seconds of the reading process): 1.6 s as
-    huggingface_hub reads it, 0.5 s with both knobs, curl 0.9 s. Eight such bodies share one GIL.
+    Measured (one 1 GB body from the Hub stand-in, CPU seconds of the reading process, user + sys):
+    huggingface_hub's defaults 0.6-1.2 + 1.1, both knobs 0.4 + 1.1-1.4, curl 0.06 + 1.8; eight such
+    bodies share one GIL.
     - http_get reads the body with `response.iter_bytes(chunk_size=constants.DOWNLOAD_CHUNK_SIZE)`
       (10 MiB), a module constant read at call time. httpx's chunker joins the socket reads into
       10 MiB buffers and slices them, several copies of every byte; chunk_size None is httpx's
       documented "as they arrive". A resumed body restarts from the last chunk written: finer.
     - httpcore reads the socket READ_NUM_BYTES (64 KiB) at a time and runs its HTTP parser per
       read; 1 MiB reads cut those rounds 16-fold. There is no supported knob for it, so the class
-      attribute is set when it is still the int it was (httpcore 1.0, httpcore2 2.16), else left.
+      attribute is set when it is still an int (httpcore 1.0, httpcore2 2.16), else left alone.
     Xet-backed files do not take this path (hf_xet moves them, in Rust)."""
     tuned = []
     if isinstance(getattr(constants, "DOWNLOAD_CHUNK_SIZE", None), int):
         constants.DOWNLOAD_CHUNK_SIZE = None  # typed int upstream; iter_bytes takes None
         tuned.append("DOWNLOAD_CHUNK_SIZE=None")
-    core = sys.modules.get("httpcore2") if "httpx2" in sys.modules else sys.modules.get("httpcore")
-    connection = getattr(getattr(getattr(core, "_sync", None), "http11", None), "HTTP11Connection", None)
+    connection = getattr(http11 if http11 is not None else _http11(), "HTTP11Connection", None)
     if isinstance(getattr(connection, "READ_NUM_BYTES", None), int):
         connection.READ_NUM_BYTES = max(connection.READ_NUM_BYTES, READ_BYTES)  # type: ignore[union-attr]
-        tuned.append(f"{core.__name__} READ_NUM_BYTES={connection.READ_NUM_BYTES}")  # type: ignore[union-attr]
+        tuned.append(f"READ_NUM_BYTES={connection.READ_NUM_BYTES}")  # type: ignore[union-attr]
     return tuned
+
+
+def _http11():
+    """httpcore's HTTP/1.1 module under the client huggingface_hub uses (hub 1.x: httpx, 2.x: httpx2);
+    None when it cannot be found. httpx imports httpcore only when its first client is made."""
+    try:
+        import huggingface_hub.utils._http  # noqa: F401  (imports the HTTP client it uses)
+        core = "httpcore2" if "httpx2" in sys.modules else "httpcore"
+        return importlib.import_module(f"{core}._sync.http11")
+    except ImportError:
+        return None
 
 
 class ByteCounter:

@@ -40,14 +40,14 @@ def hub(model):
 
 
 def fetch(server, model, tmp_path, *extra, token=TOKEN, revision=None, endpoint=None, local_dir=None,
-          timeout=60, popen=False):
+          timeout=60, popen=False, python_argv=None):
     token_file = tmp_path / "hf-token"
     token_file.write_text(token)
     token_file.chmod(0o600)
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
     for var in ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT"):
         env.pop(var, None)
-    argv = [PYTHON, str(SCRIPT), "--repo", REPO, "--revision", revision or model.commit,
+    argv = [*(python_argv or [PYTHON, str(SCRIPT)]), "--repo", REPO, "--revision", revision or model.commit,
             "--local-dir", str(local_dir or tmp_path / "dl"), "--endpoint", endpoint or server.url(),
             "--token-file", str(token_file), *extra]
     if popen:
