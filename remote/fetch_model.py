@@ -18,7 +18,8 @@ phase (listing the files, downloading), waiting --backoff-s after the first
 failure and twice as long after each next one (at most 60 s), or the Hub's
 Retry-After when that is longer (at most --max-wait-s). huggingface_hub also
 retries inside each call (HEAD requests and 429s with its own backoff; a
-dropped or stalled body is resumed with a Range request up to 5 times), with
+dropped or stalled body is resumed with a Range request up to 5 times, from
+the last byte written: bodies are written as they arrive, hub_bytes.py), with
 --read-timeout as its HF_HUB_DOWNLOAD_TIMEOUT (seconds without a byte) and
 HEAD timeout. Complete files are kept between attempts; a file in flight when
 an attempt fails starts again from zero.
@@ -26,7 +27,9 @@ an attempt fails starts again from zero.
 Before downloading, the *.incomplete files a killed earlier run left in
 <local-dir>/.cache/huggingface/download/ are removed (huggingface_hub never
 resumes them across runs; a lock file there keeps two runs apart). The last
-lines say how many bytes this run fetched from the Hub.
+lines say how many bytes this run fetched from the Hub: the bytes counted on
+the wire (huggingface_hub's HTTP client), plus, by their size, the files that
+completed without passing it (Xet-backed files, which hf_xet fetches).
 
 Verification, before the marker is written: every file the Hub lists is on
 disk at the Hub's size (no partial file left, every shard the safetensors
