@@ -8,7 +8,10 @@ code from the venv wherever that code runs without a GPU:
 
 1. arguments: SGLang's own parser (`prepare_server_args`, which handles
    `--config FILE.yaml`) when `sglang` is importable, else a small argparse
-   that knows the flags the deploy uses (same prog name, same error texts);
+   that knows the flags the deploy uses (same prog name, same error texts).
+   SGLang's parser, resolved_dict() and configure_logger run in a spawned
+   child that exits (parse_in_child): they import torch, which the serving
+   process then does not hold (a guest's processes: 0.4 GiB RSS, was 1.3);
 2. logs: SGLang's own `configure_logger` (sglang/srt/utils/common.py) and
    the line engine.py logs at every start, `server_args={...}` built by
    `redact_watermark_secrets(server_args.resolved_dict())`: like SGLang, the
@@ -24,7 +27,8 @@ code from the venv wherever that code runs without a GPU:
      `CompressedTensorsConfig._quantization_scheme_map_from_config` and
      `is_activation_quantization_format`, compiled from the installed
      sglang's source files (their package imports CUDA kernels), run against
-     the venv's real compressed-tensors; without sglang's sources, a model of
+     the venv's real compressed-tensors (in a child of the rank that exits,
+     check_quantization_in_child: it imports torch); without sglang's sources, a model of
      them (quant_scheme_map_model). Under compressed-tensors < 0.10 every
      compressed-tensors model fails: `AttributeError: nvfp4_pack_quantized`;
    - the weights: SGLang's `_prepare_weights` (sglang/srt/model_loader/loader.py)
