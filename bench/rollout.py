@@ -20,10 +20,15 @@ requests, the TP ranks exiting) and the load are the server's behaviour, not
 the deploy's. Also reported, as ``*_beyond_wait_*``: the older figure, wall
 time minus the readiness step's "(X s to ready" lines only, which charges the
 stop, and the controller's work while the server loads, to the overhead.
+``rollout_marginal_overhead_per_host_s``: the server batches' own overhead
+(their "batch N done in X s" lines minus the servers' own time), without what
+a rollout pays once (start-up, fleet preflight, router batch, summary): what
+each more host adds.
 
 With --before REF the rollout of that git revision (a throw-away worktree) is
 rolled too, right before this tree's, so the two are measured side by side on
-the same fleet; --rounds N repeats both, interleaved, and reports medians. The rollout runs with SGC_ROLLOUT_PROFILE (rollout/profile.py):
+the same fleet; --rounds N repeats both, interleaved, and reports medians.
+The rollout runs with SGC_ROLLOUT_PROFILE (rollout/profile.py):
 its seconds per phase, operation and fact, per host, are printed and recorded.
 
     python -m bench.rollout [--keep] [--before REF] [--rounds N]
@@ -48,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 INDEXES = [15, 16, 17, 18, 19]
 SERVERS = [f"sgc{i}" for i in INDEXES[1:]]
 ENV = {"SGC_FLEET_INDEXES": "15-19", "SGC_FLEET_ROUTER": "sgc15", "PYINFRA_PROGRESS": "off"}
+BATCH_DONE = re.compile(r"^rollout: batch (\S+) done in (\d+(?:\.\d+)?) s", re.M)
 READY = re.compile(r"\[(sgc\d+)\].*ready: \S+ serves .* \((\d+(?:\.\d+)?) s to ready")
 UNIT = "sglang.service"
 # on the host: the unit's last stop began (systemd) and its server's first ready line after that (journal),
@@ -122,8 +128,9 @@ def rolling_restart(tmp: Path, label: str, cwd: Path = ROOT) -> dict:
     if "phase:run" in profile:
         per_host["phase:startup and exit (outside run)"] = round((took - profile["phase:run"]["s"]) / n, 3)
     own_s, stop_s = sum(t["own_s"] for t in own.values()), sum(t["stop_s"] for t in own.values())
+    server_batches_s = sum(float(s) for label, s in BATCH_DONE.findall(out) if not label.startswith("router"))
     return {"s": took, "ready_s": sum(ready.values()), "own_s": own_s, "stop_s": stop_s,
-            "overhead_per_host_s": (took - own_s) / n,
+            "overhead_per_host_s": (took - own_s) / n, "marginal_overhead_per_host_s": (server_batches_s - own_s) / n,
             "overhead_beyond_wait_per_host_s": (took - sum(ready.values())) / n, "profile_per_host_s": per_host}
 
 
@@ -190,6 +197,7 @@ def summarize(pairs: list[dict]) -> dict:
         "rollout_overhead_beyond_wait_per_host_s": med("rollout", "overhead_beyond_wait_per_host_s"),
         "baseline_overhead_beyond_wait_per_host_s": med("baseline", "overhead_beyond_wait_per_host_s"),
         "rollout_overhead_beyond_wait_over_per_host_deploys": median(p["ratio_beyond_wait"] for p in pairs),
+        "rollout_marginal_overhead_per_host_s": med("rollout", "marginal_overhead_per_host_s"),
         "rollout_server_stop_per_host_s": median(p["rollout"]["stop_s"] / n for p in pairs),
         "rollout_server_own_per_host_s": median(p["rollout"]["own_s"] / n for p in pairs),
         "rollout_s": med("rollout", "s"), "baseline_s": med("baseline", "s"),
@@ -206,7 +214,8 @@ def describe(f: dict) -> str:
             f"{f['rollout_overhead_per_host_s']:.2f} s vs per-host deploy {f['baseline_overhead_per_host_s']:.2f} s "
             f"-> ratio {f['rollout_overhead_over_per_host_deploys']:.2f}; beyond the readiness wait only (the older "
             f"figure: stop counted as overhead): {f['rollout_overhead_beyond_wait_per_host_s']:.2f} s vs "
-            f"{f['baseline_overhead_beyond_wait_per_host_s']:.2f} s")
+            f"{f['baseline_overhead_beyond_wait_per_host_s']:.2f} s; what each more host adds (the server batches "
+            f"only, without start-up, preflight, router batch, summary): {f['rollout_marginal_overhead_per_host_s']:.2f} s")
 
 
 @contextmanager
