@@ -24,11 +24,12 @@ the router's workers) are read each time.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pyinfra.api import StringCommand
 from pyinfra.api.host import Host
 
+from core.changes import CHANGES, changing  # noqa: F401 - changing: here too, where the cache is
 from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormatReferences, CompressionFormats
 from facts.files import FileDigest, FileText
 from facts.gpu import GpuP2P, NvidiaGpus, SimulatedGpus
@@ -63,19 +64,6 @@ def _key(cls: type, args: tuple, kwargs: dict) -> tuple:
     if cls in HARDWARE and not args and not kwargs:
         where = ""
     return cls, repr(args), repr(sorted(kwargs.items())), where if isinstance(where, str) else None
-
-
-_CHANGES = "_sgc_changes"
-C = TypeVar("C")
-
-
-def changing(command: C, *paths: str) -> C:
-    """Mark an operation's ``command`` (a StringCommand) as changing, of what the cache keeps,
-    only the files at or under ``paths`` (none: no file, e.g. a router call, a restart, a wait).
-    Running it then drops the kept facts read at, above or under those paths, not all of them;
-    the GPU facts (hardware: rollout/static_facts.py) are kept."""
-    setattr(command, _CHANGES, tuple(path.rstrip("/") or "/" for path in paths))
-    return command
 
 
 def _related(path: str, changed: str) -> bool:
@@ -136,7 +124,7 @@ def install(host_class: Any = Host) -> None:
 
     def changing_run_shell_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.__dict__.get(_DEPTH):
-            paths = getattr(args[0] if args else kwargs.get("command"), _CHANGES, None)
+            paths = getattr(args[0] if args else kwargs.get("command"), CHANGES, None)
             if paths is None:
                 forget(self)
             else:

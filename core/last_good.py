@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pyinfra import host as current_host, logger
 from pyinfra.api import QuoteString, StringCommand
 
-from core.factcache import changing
+from core.changes import changing
 from core.ops import stream
 from core.paths import STATE_DIR
 from core.router_api import register_workers

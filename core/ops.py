@@ -14,7 +14,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.context import state
 
-from core.factcache import changing
+from core.changes import changing
 from core.paths import GB, SYSTEMD_DIR
 from core.runstate import run_state
 from facts.files import FileDigest, FileText

@@ -34,7 +34,7 @@ from packaging.utils import canonicalize_name
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 
-from core.factcache import changing
+from core.changes import changing
 from core.paths import STATE_DIR
 from core.render import Rendered, packages_digest, sha256
 from facts.files import FileText

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 
-from core.factcache import changing
+from core.changes import changing
 from core.ops import plan, record_failure, report
 from core.render import Rendered, render
 from core.server import mark_restarted, server_args_accepted, server_files
