@@ -54,7 +54,8 @@ LAST = 160  # the highest index this bench may use (at most 61 hosts)
 LABEL = "bench-scale"
 MIN_FREE_RAM_GIB = 7.0  # 6 GiB for the machine's other users, 1 GiB for the controller
 MIN_FREE_DISK_GIB = 20.0
-BOOT_CHUNK = 10  # clones booted at once
+BOOT_CHUNK = 5  # clones booted at once: each starts its SGLang stand-in (9 processes) at boot
+CLONE_BOOT_TIMEOUT_S = 240.0  # on 2 shared cores a chunk of clones takes minutes to become reachable
 GIB = 1024**3
 
 
@@ -281,7 +282,7 @@ def _grow(up: list[int], target: int, layer: Path, est: dict, settles: list[dict
         if not ok:
             return f"stopped at {len(up)} hosts: one more clone would leave too little ({why})"
         try:
-            sandbox_api.up(indexes=chunk, snapshot=layer)  # a failed boot removes that chunk only
+            sandbox_api.up(indexes=chunk, snapshot=layer, boot_timeout=CLONE_BOOT_TIMEOUT_S)  # a failed boot removes that chunk only
         except RuntimeError as err:
             return f"stopped at {len(up)} hosts: clones sgc{chunk[0]}..sgc{chunk[-1]} did not boot: {str(err)[:600]}"
         settle = _check(pyinfra(chunk), f"first deploy over clones {chunk[0]}..{chunk[-1]}")

@@ -8,7 +8,10 @@ and often a python start on the host. ``install()`` (deploy.py, rollback.py)
 keeps each value of the facts in ``CACHED`` per host, keyed by the fact's
 arguments, and drops a host's values as soon as that host runs anything that
 is not a fact read (an operation's command, a FunctionCommand's own command,
-an upload): a fact read after a change is read again. The venv facts of
+an upload): a fact read after a change is read again. A command that says
+what it changes (``changing(command, *paths)``: a file written, a router
+call, a restart, a wait) drops only the kept facts read at, above or under
+those paths; an upload drops those of its destination. The venv facts of
 facts/venv_batch.py are read together, by one python run on the host, and
 ``prefetch`` reads the facts a server's steps read (``server_reads``), the
 venv batch among them, in one round trip.
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pyinfra.api import StringCommand
 from pyinfra.api.host import Host
 
+from core.changes import CHANGES, changing  # noqa: F401 - changing: here too, where the cache is
 from facts.compressed_tensors import CompressedTensorsRequirers, CompressionFormatReferences, CompressionFormats
 from facts.files import FileDigest, FileText
 from facts.gpu import GpuP2P, NvidiaGpus, SimulatedGpus
@@ -61,8 +65,32 @@ _FIRST = "_sgc_fact_first"  # FIRST_READ values from the prefetch, each used onc
 _DEPTH = "_sgc_fact_depth"
 
 
+HARDWARE: frozenset[type] = frozenset({NvidiaGpus, GpuP2P, SimulatedGpus})  # no command of the deploy changes them
+
+
 def _key(cls: type, args: tuple, kwargs: dict) -> tuple:
-    return cls, repr(args), repr(sorted(kwargs.items()))
+    """(fact, arguments, where it reads: its file path, "" for the hardware, None when unknown)."""
+    where = kwargs.get("path", kwargs.get("python")) if not args else None
+    if cls in HARDWARE and not args and not kwargs:
+        where = ""
+    return cls, repr(args), repr(sorted(kwargs.items())), where if isinstance(where, str) else None
+
+
+def _related(path: str, changed: str) -> bool:
+    """``path`` is ``changed``, a directory above it or a path under it."""
+    if changed == "/" or path == "/":
+        return True
+    return path == changed or changed.startswith(path.rstrip("/") + "/") or path.startswith(changed + "/")
+
+
+def _forget_paths(host: Any, paths: tuple[str, ...]) -> None:
+    """Drop the host's kept facts of these paths, and those whose path is unknown; the prefetched
+    first reads (FIRST_READ: unit state, ports, GPU memory) always, whatever the command changes."""
+    host.__dict__[_FIRST] = {}
+    values = _values(host)
+    # a new dict, as forget(): a read in flight meanwhile does not store into it
+    host.__dict__[_VALUES] = {key: value for key, value in values.items()
+                              if key[3] == "" or (key[3] and not any(_related(key[3], p) for p in paths))}
 
 
 def _values(host: Any) -> dict:
@@ -112,11 +140,19 @@ def install(host_class: Any = Host) -> None:
 
     def changing_run_shell_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.__dict__.get(_DEPTH):
-            forget(self)
+            paths = getattr(args[0] if args else kwargs.get("command"), CHANGES, None)
+            if paths is None:
+                forget(self)
+            else:
+                _forget_paths(self, paths)
         return run_shell_command(self, *args, **kwargs)
 
     def changing_put_file(self: Any, *args: Any, **kwargs: Any) -> Any:
-        forget(self)
+        dest = args[1] if len(args) > 1 else kwargs.get("remote_filename")
+        if isinstance(dest, str) and dest.startswith("/"):
+            _forget_paths(self, (dest,))
+        else:
+            forget(self)
         return put_file(self, *args, **kwargs)
 
     host_class.get_fact = cached_get_fact
@@ -148,14 +184,15 @@ def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
     """The facts a server's steps read on every run, with the arguments they read them with: the
     kept ones, the venv batch, and the first read of those of ``FIRST_READ`` that every run reads."""
     from core.last_good import last_good_stamp_path
-    from core.stamps import stamp_path
+    from core.stamps import pending_stamp_path, stamp_path
     from tasks.spec.built import SERVER_LAUNCHER
 
     reads: list[tuple[type, dict[str, Any]]] = [(NvidiaGpus, {}), (GpuP2P, {}), (SimulatedGpus, {}),
                                                 (ModelConfig, {"path": spec.model_dir})]
     reads += [(ModelDirState, {"path": path}) for path in (spec.model_dir, spec.draft_dir if spec.draft else None)
               if path]
-    reads += [(FileText, {"path": path}) for path in (stamp_path(spec), last_good_stamp_path(spec))]
+    reads += [(FileText, {"path": path}) for path in (stamp_path(spec), last_good_stamp_path(spec),
+                                                      pending_stamp_path(spec))]
     reads += [(FileDigest, {"path": path})
               for path in (spec.unit_path, spec.options_path, spec.env_path, SERVER_LAUNCHER)]
     reads += [(VenvFacts, {"path": spec.venv_path}), (PortListener, {"port": spec.listen_port}),
@@ -188,7 +225,9 @@ def prefetch(host: Any, reads: list[tuple[type, dict[str, Any]]]) -> None:
     if hasattr(host, "_get_module"):  # pyinfra's context proxy (`from pyinfra import host`): the host it stands for
         host = host._get_module()
     values = _values(host)
-    todo = [(cls, kwargs) for cls, kwargs in reads if _wanted(cls, kwargs, values)]
+    known = getattr(host, "answers_from_memory", None)  # a rollout's GPU facts (rollout/static_facts.py)
+    todo = [(cls, kwargs) for cls, kwargs in reads if _wanted(cls, kwargs, values)
+            and not (known is not None and known(cls, kwargs))]
     if len(todo) < 2 or not getattr(type(host), "_sgc_fact_cache_installed", False) or not host.connected:
         return
     # an echo ends an output without a last newline; _split drops the empty line it adds after one with it

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from typing import TYPE_CHECKING, Any
 
 from pyinfra import host as current_host, logger
 from pyinfra.api import QuoteString, StringCommand
 
+from core.changes import changing
 from core.ops import stream
 from core.paths import STATE_DIR
 from core.router_api import register_workers
@@ -76,7 +78,7 @@ def last_good_written(spec: Spec) -> list[StringCommand]:
               "date -u +%Y-%m-%dT%H:%M:%SZ > \"$t/recorded_at\"; "
               f"p={shlex.quote(previous_good_dir(spec))}; "
               "if [ -d \"$d\" ]; then rm -rf \"$p\"; mv \"$d\" \"$p\"; fi; mv \"$t\" \"$d\"")
-    return [StringCommand("sh", "-c", QuoteString(script))]
+    return [changing(StringCommand("sh", "-c", QuoteString(script)), f"{STATE_DIR}/last-good")]
 
 
 def restore_script(spec: Spec, kept_dir: str | None = None) -> str:
@@ -140,9 +142,11 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec) ->
     """FunctionCommand body of the readiness step: wait until ready (core/ops.stream). When the
     server this run (re)started fails, put the last good configuration back (when allowed and
     possible), wait until it serves, and fail with ``rolled back: <cause>``."""
-    if stream(state, host, command, timeout, step=STEP):
-        return True
     run = run_state(state)
+    if stream(state, host, command, timeout, step=STEP, changes=()):  # a wait changes no file
+        if host.name in run.restarted_at:  # the time to ready, for the rollout's summary (tasks/readiness.py)
+            run.ready_s[host.name] = time.monotonic() - run.restarted_at[host.name]
+        return True
     if not spec.rollback_on_failure or host.name not in run.restarted:
         return False
     failures = run.failures.setdefault(host.name, [])
@@ -165,7 +169,7 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec) ->
                                      f"(after {failure.cause})", failure.detail + tuple(lines))
         _say(host, f"readiness: {failures[-1].cause}")
         return False
-    if not stream(state, host, command, timeout, step=STEP):
+    if not stream(state, host, command, timeout, step=STEP, changes=()):
         again = failures.pop()
         failures[-1] = Failure(STEP, f"rollback failed: the last good configuration does not serve either "
                                      f"({again.cause}); first: {failure.cause}", failure.detail + again.detail)

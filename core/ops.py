@@ -14,6 +14,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.context import state
 
+from core.changes import changing
 from core.paths import GB, SYSTEMD_DIR
 from core.runstate import run_state
 from facts.files import FileDigest, FileText
@@ -91,15 +92,17 @@ def fail_command(message: str) -> FunctionCommand:
     return FunctionCommand(_fail, (message,), {})
 
 
-def stream(state, host, command: str, timeout: int | None, step: str = "") -> bool:
+def stream(state, host, command: str, timeout: int | None, step: str = "",
+           changes: tuple[str, ...] | None = None) -> bool:
     """FunctionCommand body: run ``command``, printing its output lines as they come.
 
     pyinfra shows a command's output only with -v; progress and the journal
     lines of a failure must reach the operator at any verbosity. A failure is
-    recorded with the line that explains it.
+    recorded with the line that explains it. ``changes``: the only files the
+    command may change (core/factcache.changing; None: anything).
     """
     ok, output = host.run_shell_command(
-        StringCommand(command),
+        StringCommand(command) if changes is None else changing(StringCommand(command), *changes),
         print_output=True,
         print_input=False,
         _timeout=timeout,
@@ -180,9 +183,10 @@ def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] 
         print_diff(dest, old, content, secrets or [])
         tmp = dest + ".sgc-new"
         parent = dest.rsplit("/", 1)[0] or "/"
-        yield StringCommand("install -d -m 755", QuoteString(parent))
-        yield StringCommand("install -m", mode, "-o root -g root /dev/null", QuoteString(tmp))
+        # the facts kept of other files stay (core/factcache.py)
+        yield changing(StringCommand("install -d -m 755", QuoteString(parent)), dest, tmp)
+        yield changing(StringCommand("install -m", mode, "-o root -g root /dev/null", QuoteString(tmp)), tmp)
         yield FileUploadCommand(StringIO(content), tmp)
-        yield StringCommand("mv -f", QuoteString(tmp), QuoteString(dest))
+        yield changing(StringCommand("mv -f", QuoteString(tmp), QuoteString(dest)), dest, tmp)
     else:
-        yield StringCommand("chown root:root", QuoteString(dest), "&& chmod", mode, QuoteString(dest))
+        yield changing(StringCommand("chown root:root", QuoteString(dest), "&& chmod", mode, QuoteString(dest)), dest)

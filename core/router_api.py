@@ -34,7 +34,7 @@ def register_workers(state, host, python: str, router_url: str, worker_urls: lis
     if auth_file:
         args += ["--auth-file", auth_file]
     return stream(state, host, client_command(python, *args), REGISTER_TIMEOUT_S * len(worker_urls) + 30,
-                  step="router")
+                  step="router", changes=())  # the router's state only: no file of this host
 
 
 def auth_file_written(spec: Spec | RouterSpec) -> None:

@@ -6,6 +6,7 @@ rollout driver read it:
 
 - ``restarted``: hosts whose server (or router) this run (re)started, so
   readiness waits for the new process instead of trusting a stale 200;
+- ``restarted_at``: when (the controller's monotonic clock) that (re)start returned;
 - ``ready_s``: seconds from that (re)start to ready, per host;
 - ``failures``: why a host failed, recorded where it failed (step, cause,
   the lines that explain it), so nobody has to parse log text.
@@ -41,6 +42,7 @@ class Failure:
 @dataclass
 class RunState:
     restarted: set[str] = field(default_factory=set)
+    restarted_at: dict[str, float] = field(default_factory=dict)
     ready_s: dict[str, float] = field(default_factory=dict)
     failures: dict[str, list[Failure]] = field(default_factory=dict)
     extensions: dict[str, Any] = field(default_factory=dict)  # per-concern state (e.g. node-group boards)

@@ -9,6 +9,7 @@ the local URL it serves on, and "restarted this run" on the run state.
 from __future__ import annotations
 
 import shlex
+import time
 from io import StringIO
 from typing import TYPE_CHECKING
 
@@ -42,8 +43,10 @@ def restarted_this_run(host_name: str) -> bool:
 
 
 def mark_restarted(state, host) -> bool:
-    """FunctionCommand body: record that this run (re)started the host's server."""
-    run_state(state).restarted.add(host.name)
+    """FunctionCommand body: record that this run (re)started the host's server, and when."""
+    run = run_state(state)
+    run.restarted.add(host.name)
+    run.restarted_at[host.name] = time.monotonic()
     return True
 
 

@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 
+from core.changes import changing
 from core.paths import STATE_DIR
 from core.render import Rendered, packages_digest, sha256
 from facts.files import FileText
@@ -66,9 +67,10 @@ def read_stamp(path: str) -> dict[str, Any]:
 def stamp_written(path: str, stamp: dict[str, Any]) -> Iterator[StringCommand | FileUploadCommand]:
     """Commands that write a stamp atomically into the root-only state directory."""
     text = json.dumps(stamp, sort_keys=True)
-    yield StringCommand("install -d -m 700", STATE_DIR)  # stamps hold digests of secret files: root only
+    # stamps hold digests of secret files: root only; the facts kept of other files stay (core/factcache.py)
+    yield changing(StringCommand("install -d -m 700", STATE_DIR), path, path + ".tmp")
     yield FileUploadCommand(StringIO(text + "\n"), path + ".tmp")
-    yield StringCommand("mv -f", QuoteString(path + ".tmp"), QuoteString(path))
+    yield changing(StringCommand("mv -f", QuoteString(path + ".tmp"), QuoteString(path)), path, path + ".tmp")
 
 
 def pending_stamp_path(spec: Spec) -> str:
@@ -85,7 +87,7 @@ def pending_written(spec: Spec, stamp: dict[str, Any], unit: UnitState) -> Itera
 def stamp_recorded(spec: Spec, stamp: dict[str, Any]) -> Iterator[StringCommand | FileUploadCommand]:
     """After a (re)start, or for one a cut-off run made: the stamp, then the announcement removed."""
     yield from stamp_written(stamp_path(spec), stamp)
-    yield StringCommand("rm -f", QuoteString(pending_stamp_path(spec)))
+    yield changing(StringCommand("rm -f", QuoteString(pending_stamp_path(spec))), pending_stamp_path(spec))
 
 
 def restarted_unrecorded(unit: UnitState, pending: dict, stamp: dict) -> bool:

@@ -18,7 +18,8 @@ phase (listing the files, downloading), waiting --backoff-s after the first
 failure and twice as long after each next one (at most 60 s), or the Hub's
 Retry-After when that is longer (at most --max-wait-s). huggingface_hub also
 retries inside each call (HEAD requests and 429s with its own backoff; a
-dropped or stalled body is resumed with a Range request up to 5 times), with
+dropped or stalled body is resumed with a Range request up to 5 times, from
+the last byte written: bodies are written as they arrive, hub_bytes.py), with
 --read-timeout as its HF_HUB_DOWNLOAD_TIMEOUT (seconds without a byte) and
 HEAD timeout. Complete files are kept between attempts; a file in flight when
 an attempt fails starts again from zero.
@@ -26,7 +27,9 @@ an attempt fails starts again from zero.
 Before downloading, the *.incomplete files a killed earlier run left in
 <local-dir>/.cache/huggingface/download/ are removed (huggingface_hub never
 resumes them across runs; a lock file there keeps two runs apart). The last
-lines say how many bytes this run fetched from the Hub.
+lines say how many bytes this run fetched from the Hub: the bytes counted on
+the wire (huggingface_hub's HTTP client), plus, by their size, the files that
+completed without passing it (Xet-backed files, which hf_xet fetches).
 
 Verification, before the marker is written: every file the Hub lists is on
 disk at the Hub's size (no partial file left, every shard the safetensors
@@ -54,27 +57,20 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-# file_digests.py and hub_failures.py are uploaded beside this script: its directory is the first entry of sys.path
+# file_digests.py, hub_bytes.py, hub_failures.py and peer_seed.py are uploaded beside this script: its directory is the first entry of sys.path
 from file_digests import NAMES, hash_files, hub_digest, split
-from hub_failures import (DOWNLOAD_DIR, EXIT_DISK, EXIT_VERIFY, SECRETS, Failure, IncompleteSnapshot,
-                          _what, log, redact, with_retries)
+from hub_bytes import ByteCounter, fetched_bytes, local_size, plural, tune_transfer
+from hub_failures import (DOWNLOAD_DIR, EXIT_DISK, EXIT_VERIFY, SECRETS, Failure, IncompleteSnapshot, log, redact,
+                          with_retries)
 from peer_seed import Seeded, copy_from_peer, ssh_command
 
 MARKER = ".sglang-converge.json"
 GB = 1000**3
 LOCK_FILE = Path(".cache") / "huggingface" / ".sglang-converge-fetch.lock"
-
-
-def local_size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return None
 
 
 class Listing(NamedTuple):
@@ -164,84 +160,6 @@ def remove_leftovers(local_dir: Path) -> tuple[int, int]:
     return count, size
 
 
-# ---------------------------------------------------------------------------
-# bytes fetched in this run
-
-
-class ByteCounter:
-    """Response body bytes received from the Hub (and its CDN) by this process, as they arrive, and by
-    repo file (its latest body): a failed write names no file, these say which were in flight."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.total = 0  # every body: API answers, errors, files
-        self.files = 0  # bodies of successful file GETs (not /api/)
-        self.installed = False
-        self.received: dict[str, int] = {}  # repo file -> bytes of its latest body received so far
-        self._redirects: dict[str, str] = {}  # CDN URL -> the repo file whose /resolve/ URL sent there
-
-    def add(self, n: int, name: str | None, first: bool = False) -> None:
-        with self._lock:
-            self.total += n
-            if name is not None:
-                self.files += n
-                self.received[name] = n + (0 if first else self.received.get(name, 0))
-
-    def file_of(self, response) -> str:
-        """The repo file a response carries; a redirect is remembered so the CDN's answer maps back."""
-        url = str(response.request.url)
-        with self._lock:
-            name = self._redirects.pop(url, None) or _what(url)
-            location = response.headers.get("Location") if 300 <= response.status_code < 400 else None
-            if location:
-                self._redirects[str(response.request.url.join(location))] = name
-        return name
-
-    def install(self) -> bool:
-        """Count through huggingface_hub's supported set_client_factory: its default client plus a
-        response hook that wraps each body stream (proxies and other settings stay as they are)."""
-        try:
-            import huggingface_hub
-            from huggingface_hub.utils._http import default_client_factory
-        except ImportError:
-            return False
-        counter = self
-
-        def factory():
-            client = default_client_factory()
-            http = sys.modules[type(client).__module__.split(".")[0]]  # httpx (hub 1.x) or httpx2 (2.x)
-
-            class Counted(http.SyncByteStream):  # type: ignore[name-defined]
-                def __init__(self, inner, name: str | None):
-                    self._inner, self._name = inner, name
-                    if name is not None:
-                        counter.add(0, name, first=True)
-
-                def __iter__(self):
-                    for chunk in self._inner:
-                        counter.add(len(chunk), self._name)
-                        yield chunk
-
-                def close(self) -> None:
-                    self._inner.close()
-
-            def on_response(response) -> None:
-                request = response.request
-                name = counter.file_of(response)
-                is_file = (request.method == "GET" and 200 <= response.status_code < 300
-                           and not request.url.path.startswith("/api/"))
-                response.stream = Counted(response.stream, name if is_file else None)
-
-            hooks = client.event_hooks
-            hooks["response"] = [*hooks.get("response", []), on_response]
-            client.event_hooks = hooks
-            return client
-
-        huggingface_hub.set_client_factory(factory)
-        self.installed = True
-        return True
-
-
 class _OneLine(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact("huggingface_hub: " + record.getMessage().strip().replace("\n", " | "))
@@ -297,6 +215,7 @@ def import_hub(args: argparse.Namespace):
     from huggingface_hub import constants
 
     constants.HF_HUB_DOWNLOAD_TIMEOUT = args.read_timeout  # in case it was imported before the variable was set
+    tune_transfer(constants)  # cheaper per byte over plain HTTP (hub_bytes.py)
     library_log = logging.getLogger("huggingface_hub")
     handler = logging.StreamHandler(sys.stdout)  # one line per message, next to ours, the token redacted
     handler.setFormatter(_OneLine())
@@ -508,17 +427,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     token = read_token(args.token_file)
     return Fetch(args, token, import_hub(args)).run()
-
-
-def plural(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-def fetched_bytes(counter: ByteCounter, local_dir: Path, before: dict[str, int]) -> str:
-    if counter.installed:
-        return f"{counter.files} bytes of files ({counter.total} bytes in all)"
-    done = {name: size for name, size in before.items() if local_size(local_dir / name) == size}
-    return f"at least {sum(done.values())} bytes ({len(done)} files completed; not counted on the wire)"
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ processes, files, packages, units) are never kept.
 
     facts = StaticFacts()
     facts.attach(host)     # after State.init: this host's get_fact answers kept facts from memory
+                           # (and deploy.py's prefetch does not read them: host.answers_from_memory)
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ class StaticFacts:
 
     def attach(self, host) -> None:
         """``host.get_fact`` answers the static facts from memory once it has read them."""
-        original = host.get_fact
+        def original(cls, *args, **kwargs):
+            # the class's get_fact when called, not when attached: core/factcache.py may wrap it later
+            # (deploy.py installs it when first loaded, after the fleet preflight attached its hosts)
+            return type(host).get_fact(host, cls, *args, **kwargs)
 
         def get_fact(cls, *args, **kwargs):
             if cls not in STATIC_FACTS:
@@ -46,3 +50,5 @@ class StaticFacts:
             return value
 
         host.get_fact = get_fact
+        # deploy.py's prefetch (core/factcache.py) leaves out what is answered from memory here
+        host.answers_from_memory = lambda cls, kwargs: (host.name, cls, "()", repr(sorted(kwargs.items()))) in self.values

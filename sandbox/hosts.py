@@ -805,7 +805,8 @@ def _is_running(entry: dict) -> bool:
 
 
 def up(
-    count: int = 1, indexes: list[int] | None = None, snapshot: Path | None = None, **layout_opts
+    count: int = 1, indexes: list[int] | None = None, snapshot: Path | None = None,
+    boot_timeout: float = BOOT_TIMEOUT_S, **layout_opts
 ) -> list[SandboxHost]:
     """Ensure sandbox hosts sgc1..sgc<count> run; returns them in index order.
 
@@ -814,6 +815,8 @@ def up(
     kept; their GPU layout and simulator scripts are rewritten in place.
     snapshot: hosts started here boot on that layer (snapshot()) over the
     rootfs: clones of a converged host, with their own identity.
+    boot_timeout: seconds each started host has to become reachable (clones
+    that start a server at boot take longer on a loaded machine).
     """
     if not 1 <= count <= MAX_HOSTS:
         raise ValueError(f"count must be 1..{MAX_HOSTS}, got {count}")
@@ -855,7 +858,7 @@ def up(
             if started:
                 pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(started))
                 try:
-                    futures = {pool.submit(_wait_booted, h, BOOT_TIMEOUT_S, abort): h for h in started}
+                    futures = {pool.submit(_wait_booted, h, boot_timeout, abort): h for h in started}
                     errors = []
                     for fut in concurrent.futures.as_completed(futures):
                         try:

@@ -8,7 +8,10 @@ code from the venv wherever that code runs without a GPU:
 
 1. arguments: SGLang's own parser (`prepare_server_args`, which handles
    `--config FILE.yaml`) when `sglang` is importable, else a small argparse
-   that knows the flags the deploy uses (same prog name, same error texts);
+   that knows the flags the deploy uses (same prog name, same error texts).
+   SGLang's parser, resolved_dict() and configure_logger run in a spawned
+   child that exits (parse_in_child): they import torch, which the serving
+   process then does not hold (a guest's processes: 0.4 GiB RSS, was 1.3);
 2. logs: SGLang's own `configure_logger` (sglang/srt/utils/common.py) and
    the line engine.py logs at every start, `server_args={...}` built by
    `redact_watermark_secrets(server_args.resolved_dict())`: like SGLang, the
@@ -24,7 +27,8 @@ code from the venv wherever that code runs without a GPU:
      `CompressedTensorsConfig._quantization_scheme_map_from_config` and
      `is_activation_quantization_format`, compiled from the installed
      sglang's source files (their package imports CUDA kernels), run against
-     the venv's real compressed-tensors; without sglang's sources, a model of
+     the venv's real compressed-tensors (in a child of the rank that exits,
+     check_quantization_in_child: it imports torch); without sglang's sources, a model of
      them (quant_scheme_map_model). Under compressed-tensors < 0.10 every
      compressed-tensors model fails: `AttributeError: nvfp4_pack_quantized`;
    - the weights: SGLang's `_prepare_weights` (sglang/srt/model_loader/loader.py)
@@ -197,10 +201,12 @@ def get_exception_traceback() -> str:
 class Args:
     """The settings the stand-in uses, from either parser."""
 
-    def __init__(self, source, parser_kind: str):
+    def __init__(self, source, parser_kind: str, resolved: dict | None = None):
         self.source = source
         self.parser_kind = parser_kind
         self._logged: dict | None = None
+        # from a parse child (parse_in_child): the server_args= text and /server_info fields, already resolved
+        self._resolved = resolved
         g = lambda name, default=None: getattr(source, name, default)  # noqa: E731
         self.model_path = g("model_path")
         self.tp_size = int(g("tp_size") or 1)
@@ -264,7 +270,17 @@ class Args:
                     "logging the parsed fields instead")
         return self.fields()
 
+    def logged_text(self) -> str:
+        """The server_args= line's value (the repr SGLang's f-string gives)."""
+        return self._resolved["logged"] if self._resolved else str(self.for_logging())
+
+    def light_attrs(self) -> dict:
+        """The settings above as plain data (what a parse child sends back)."""
+        return {name: getattr(self.source, name, None) for name in ARG_NAMES}
+
     def json_fields(self) -> dict:
+        if self._resolved:
+            return self._resolved["json_fields"]
         out = {}
         for k, v in self.for_logging().items():
             try:
@@ -353,11 +369,7 @@ def parse_args(argv: list[str]) -> Args:
     mode = os.environ.get("SANDBOX_SGLANG_PARSER", "auto").strip().lower() or "auto"
     use_real = mode == "real" or (mode == "auto" and importlib.util.find_spec("sglang") is not None)
     if use_real:
-        # an importable but broken sglang fails here, as the real server would
-        from sglang.srt.server_args import prepare_server_args
-
-        server_args = prepare_server_args(argv)
-        return Args(server_args, "sglang")
+        return parse_in_child(argv)
     parser = fallback_parser()
     store_true = {
         a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)
@@ -368,6 +380,78 @@ def parse_args(argv: list[str]) -> Args:
     return Args(ns, "fallback")
 
 
+
+
+# The names Args reads from either parser's result.
+ARG_NAMES = (
+    "model_path", "tp_size", "host", "port", "api_key", "served_model_name", "mem_fraction_static",
+    "context_length", "nnodes", "node_rank", "dist_init_addr", "dist_timeout", "enable_metrics",
+    "skip_server_warmup", "attention_backend", "base_gpu_id", "tool_call_parser", "reasoning_parser",
+    "log_level", "speculative_algorithm", "speculative_draft_model_path",
+)
+
+
+def parse_in_child(argv: list[str]) -> Args:
+    """SGLang's real parser, resolved_dict() and configure_logger, run in a spawned child that
+    exits afterwards. What they import (torch, ~350 MB) then does not stay in the server process
+    for its whole life; nothing the deploy can see changes. The child writes to the same stderr:
+    argparse's usage and error (exit 2) or a traceback (exit 1) are the server's own, and the
+    server exits with the child's code, as SGLang's main process would have."""
+    ctx = multiprocessing.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    target = importlib.import_module("sglang_standin")._parse_child  # by its own name, as Ranks does
+    child = ctx.Process(target=target, args=(argv, sender), name="parse_server_args")
+    child.start()
+    sender.close()
+    try:
+        reply = receiver.recv()
+    except EOFError:
+        reply = None
+    child.join()
+    if reply is None:
+        _hard_exit(child.exitcode if child.exitcode and child.exitcode > 0 else 1)
+    _apply_logging(reply["logging"])
+    source = types.SimpleNamespace(**reply["attrs"])
+    return Args(source, "sglang", resolved={"logged": reply["logged"], "json_fields": reply["json_fields"]})
+
+
+def _parse_child(argv: list[str], conn) -> None:
+    configure_logging()
+    try:
+        # an importable but broken sglang fails here, as the real server would
+        from sglang.srt.server_args import prepare_server_args
+
+        server_args = prepare_server_args(argv)
+        args = Args(server_args, "sglang")
+        configure_logging(args.log_level, server_args=server_args)
+        conn.send({"attrs": args.light_attrs(), "logged": str(args.for_logging()),
+                   "json_fields": args.json_fields(), "logging": _logging_state()})
+    except SystemExit:
+        raise  # argparse said why on stderr
+    except Exception:  # noqa: BLE001 - anything SGLang's main would die of
+        traceback.print_exc()  # what an uncaught exception in SGLang's main process prints
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _logging_state() -> dict:
+    """What configure_logger left on the root logger (or the dictConfig file it applied)."""
+    root = logging.getLogger()
+    handler = root.handlers[0] if root.handlers else None
+    formatter = handler.formatter if handler else None
+    return {"config_path": os.getenv("SGLANG_LOGGING_CONFIG_PATH") or None, "level": root.level,
+            "format": formatter._fmt if formatter else None, "datefmt": formatter.datefmt if formatter else None,
+            "stdout": getattr(handler, "stream", None) is sys.stdout}
+
+
+def _apply_logging(state: dict) -> None:
+    if state["config_path"]:  # configure_logger: dictConfig of that file (orjson there, same JSON)
+        from logging import config as logging_config
+
+        logging_config.dictConfig(json.loads(Path(state["config_path"]).read_text(encoding="utf-8")))
+        return
+    logging.basicConfig(level=state["level"], format=state["format"], datefmt=state["datefmt"],
+                        stream=sys.stdout if state["stdout"] else sys.stderr, force=True)
 
 
 # --------------------------------------------------------------------------
@@ -753,8 +837,9 @@ def run_rank(cfg: dict, conn) -> None:
     try:
         info = _rank_init(cfg, gpusim)
         conn.send({"status": "ready", **info})
-    except Exception:  # noqa: BLE001 - SGLang's scheduler catches everything here too
-        _scheduler_logger.error(f"Scheduler hit an exception: {get_exception_traceback()}")
+    except Exception as exc:  # noqa: BLE001 - SGLang's scheduler catches everything here too
+        text = exc.traceback_text if isinstance(exc, CheckChildFailed) else get_exception_traceback()
+        _scheduler_logger.error(f"Scheduler hit an exception: {text}")
         os.kill(cfg["parent_pid"], signal.SIGQUIT)
         return
     try:
@@ -782,9 +867,7 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     model_config = load_model_config(cfg["model_path"])
     quant = (model_config.get("quantization_config") or {}).get("quant_method") or ""
     if cfg["local_rank"] == 0:  # once per node: each check imports torch (SGLang: every rank)
-        quant, _ = check_quantization(model_config, lambda source: log(
-            f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
-            f"{sglang_src_dir()})", logger=_scheduler_logger))
+        quant = check_quantization_in_child(model_config, cfg)
     files, filter_source = prepare_weights(cfg["model_path"])
     tensors = sum(len(open_safetensors(f)) for f in files if f.endswith(".safetensors"))
     if cfg.get("draft_model_path"):  # SGLang's draft worker loads after the target's, on every rank
@@ -819,6 +902,47 @@ def _rank_init(cfg: dict, gpusim) -> dict:
         f"max_running_requests=1024, context_len={ctx}, available_gpu_mem={avail - held:.2f} GB",
         logger=_scheduler_logger)
     return {"tp_rank": cfg["tp_rank"], "pid": os.getpid(), "max_total_num_tokens": tokens}
+
+
+class CheckChildFailed(Exception):
+    """The quantization check raised in its child; its traceback, as the rank logs it."""
+
+    def __init__(self, traceback_text: str):
+        super().__init__(traceback_text.strip().splitlines()[-1] if traceback_text.strip() else "check failed")
+        self.traceback_text = traceback_text
+
+
+def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
+    """check_quantization in a spawned child that exits afterwards: it imports compressed-tensors
+    and torch (~350 MB), which the rank would otherwise hold for its whole life. The child logs
+    as the rank does; a check that raises fails the rank with the child's traceback."""
+    ctx = multiprocessing.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    target = importlib.import_module("sglang_standin")._quant_check_child
+    child = ctx.Process(target=target, args=(model_config, cfg["log_level"], f" TP{cfg['tp_rank']}", sender),
+                        name=f"quant_check_{cfg['tp_rank']}")
+    child.start()
+    sender.close()
+    try:
+        status, value = receiver.recv()
+    except EOFError:
+        status, value = "error", f"the quantization check's process died (exit code {child.exitcode})\n"
+    child.join()
+    if status != "ok":
+        raise CheckChildFailed(value)
+    return value
+
+
+def _quant_check_child(model_config: dict, log_level: str, prefix: str, conn) -> None:
+    _die_with_parent()
+    configure_logging(log_level, prefix=prefix)
+    try:
+        quant, _ = check_quantization(model_config, lambda source: log(
+            f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
+            f"{sglang_src_dir()})", logger=_scheduler_logger))
+        conn.send(("ok", quant))
+    except Exception:  # noqa: BLE001 - the rank reports it, as SGLang's scheduler would
+        conn.send(("error", get_exception_traceback()))
 
 
 def load_draft(draft_path: str, algorithm: str | None) -> tuple[str, int]:
@@ -1681,8 +1805,9 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging()  # SGLang's format until the arguments say more
     log(SIMULATION_BANNER)
-    args = parse_args(argv)
-    configure_logging(args.log_level, server_args=args.source if args.parser_kind == "sglang" else None)
+    args = parse_args(argv)  # SGLang's parser configures the logging too (in its child)
+    if args.parser_kind != "sglang":
+        configure_logging(args.log_level)
     if args.parser_kind != "sglang":
         why = (
             "SANDBOX_SGLANG_PARSER=fallback"
@@ -1692,7 +1817,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{why}: arguments parsed by the stand-in's fallback parser, not SGLang's real one "
             "(the real parser was not available)")
     # engine.py, at every start: the resolved arguments, API key in clear (see Args.for_logging)
-    _engine_logger.info(f"server_args={args.for_logging()}")
+    _engine_logger.info(f"server_args={args.logged_text()}")
     signal.signal(signal.SIGQUIT, _sigquit_launch)
 
     load_seconds = _env_float("SANDBOX_LOAD_SECONDS", 3.0)

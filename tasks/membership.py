@@ -27,7 +27,7 @@ def _drain(state, host, python: str, router_url: str, worker_url: str, local: st
     args = ["drain", "--router", router_url, "--worker", worker_url, "--local", local, "--timeout", str(timeout_s)]
     if auth_file:
         args += ["--auth-file", auth_file]
-    return stream(state, host, client_command(python, *args), int(timeout_s) + 60, step="router")
+    return stream(state, host, client_command(python, *args), int(timeout_s) + 60, step="router", changes=())
 
 
 @operation()

@@ -49,7 +49,7 @@ FETCH_UNIT = "sglang-model-fetch.service"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
 LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
 # modules the script imports from its own directory, uploaded beside it
-FETCH_MODULES = ("hub_failures.py", "file_digests.py", "peer_seed.py")
+FETCH_MODULES = ("hub_failures.py", "hub_bytes.py", "file_digests.py", "peer_seed.py")
 # remote/fetch_model.py's exit codes
 EXIT_MEANINGS = {
     1: "an error that is not retried",

@@ -93,7 +93,8 @@ def elapsed_command(python: str, unit: str) -> str:
 
 
 def _record(state, host, python: str, unit: str) -> bool:
-    if host.name not in run_state(state).restarted:
+    run = run_state(state)
+    if host.name not in run.restarted or host.name in run.ready_s:  # kept when the readiness step saw it ready
         return True
     ok, output = host.run_shell_command(StringCommand(elapsed_command(python, unit)), print_output=False,
                                         print_input=False)
@@ -109,7 +110,9 @@ def _record(state, host, python: str, unit: str) -> bool:
 def ready_recorded(spec: Spec):
     """
     Record how long the server took from its (re)start to ready (only when
-    this run restarted it; the readiness step ran just before).
+    this run restarted it; the readiness step ran just before). The readiness
+    step keeps it when it sees the server ready (core/last_good.py); otherwise
+    (a multi-node group's rank) it is read on the host: since the unit started.
 
     .. code:: python
 

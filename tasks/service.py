@@ -10,6 +10,7 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, operation
 
+from core.changes import changing
 from core.ops import plan, record_failure, report
 from core.render import Rendered, render
 from core.server import mark_restarted, server_args_accepted, server_files
@@ -27,7 +28,8 @@ from tasks.spec import Spec
 
 
 def _restart(state, host, unit: str) -> bool:
-    ok, output = host.run_shell_command(StringCommand("systemctl restart", QuoteString(unit)),
+    # changes no file: the facts kept of them stay (core/factcache.py)
+    ok, output = host.run_shell_command(changing(StringCommand("systemctl restart", QuoteString(unit))),
                                         print_output=False, print_input=False)
     if ok:
         mark_restarted(state, host)
@@ -81,7 +83,7 @@ def server_restarted(spec: Spec, rendered: Rendered):
     verb = "restart" if unit.running else "start"
     plan(f"{verb} {spec.unit_name}: " + "; ".join(reasons))
     report(f"service: {verb} {spec.unit_name}: " + "; ".join(reasons))
-    yield StringCommand("systemctl reset-failed", QuoteString(spec.unit_name), "2>/dev/null; true")
+    yield changing(StringCommand("systemctl reset-failed", QuoteString(spec.unit_name), "2>/dev/null; true"))
     # what the restart starts, and the invocation it replaces: a run cut off during the restart
     # (the restart goes on in systemd) leaves it for the next run, which then need not restart again
     yield from pending_written(spec, stamp, unit)

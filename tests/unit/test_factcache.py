@@ -13,6 +13,7 @@ from pyinfra.api import StringCommand
 from core import factcache
 from facts import compressed_tensors as ct
 from facts import venv
+from facts.files import FileText
 from facts.gpu import SimulatedGpus
 from facts.http import HttpStatus
 from facts.model_dir import ModelConfig
@@ -60,12 +61,42 @@ def test_a_kept_fact_is_read_once_until_the_host_runs_something_else(tmp_path):
     assert host.get_fact(ModelConfig, path=str(tmp_path)) == {"a": 1}
     host.run_shell_command("true")  # an operation's command: the host may have changed
     assert host.get_fact(ModelConfig, path=str(tmp_path)) == {"a": 2}
-    host.put_file("x", "/tmp/y")
+    host.put_file("x", str(tmp_path / "config.json.tmp"))  # an upload into the dir it reads
     host.get_fact(ModelConfig, path=str(tmp_path))
     assert len(host.ran) == 5
     factcache.forget(host)  # what factcache.start does when a deploy file begins on the host
     host.get_fact(ModelConfig, path=str(tmp_path))
     assert len(host.ran) == 6
+
+
+def test_a_command_that_says_what_it_changes_drops_only_the_facts_of_those_paths(tmp_path):
+    host = FakeHost()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"a": 1}')
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "env").write_text("A=1\n")
+    model, env = str(tmp_path / "model"), str(tmp_path / "etc" / "env")
+
+    def reads() -> tuple:
+        return (host.get_fact(ModelConfig, path=model), host.get_fact(FileText, path=env),
+                host.get_fact(SimulatedGpus))
+
+    first = reads()
+    assert len(host.ran) == 3
+    (tmp_path / "etc" / "env").write_text("A=2\n")
+    host.run_shell_command(factcache.changing(StringCommand("true")))  # a router call, a restart, a wait
+    assert reads() == first and len(host.ran) == 4  # nothing read again
+    host.run_shell_command(factcache.changing(StringCommand("true"), env))  # that file written
+    assert reads() == (first[0], "A=2\n", first[2]) and len(host.ran) == 6  # that file's fact read again
+    host.run_shell_command(factcache.changing(StringCommand("true"), str(tmp_path)))  # a directory above both
+    reads()
+    assert len(host.ran) == 9  # both read again; the GPUs (hardware) stay kept
+    host.put_file("x", env + ".tmp")  # an upload: its destination only
+    reads()
+    assert len(host.ran) == 10
+    host.run_shell_command(StringCommand("true"))  # a command that does not say: everything may have changed
+    reads()
+    assert len(host.ran) == 14
 
 
 def test_facts_that_change_on_their_own_are_read_every_time():
@@ -148,3 +179,29 @@ def test_prefetch_reads_the_venv_batch_with_the_shell_facts(tmp_path):
     assert len(host.ran) == 1
     factcache.prefetch(host, [(ModelConfig, {"path": str(tmp_path)}), (VenvFacts, {"path": sys.prefix})])
     assert len(host.ran) == 1  # all kept: nothing to read
+
+
+def test_prefetch_leaves_out_the_facts_a_rollout_answers_from_memory(tmp_path):
+    host = FakeHost()
+    (tmp_path / "config.json").write_text('{"c": 1}')
+    host.answers_from_memory = lambda cls, kwargs: cls is SimulatedGpus  # rollout/static_facts.py
+    factcache.prefetch(host, [(SimulatedGpus, {}), (ModelConfig, {"path": str(tmp_path)}),
+                              (FileText, {"path": str(tmp_path / "config.json")})])
+    assert len(host.ran) == 1 and "simulated" not in host.ran[0].lower()
+    assert host.get_fact(ModelConfig, path=str(tmp_path)) == {"c": 1} and len(host.ran) == 1
+
+
+def test_a_command_that_names_its_paths_still_drops_the_prefetched_first_reads(tmp_path):
+    """A restart or router call names what it changes; the unit's state and the ports change with it."""
+    from core.changes import changing
+
+    host = FakeHost()
+    (tmp_path / "config.json").write_text("{}")
+    port = {"port": 9}
+    factcache.prefetch(host, [(ModelConfig, {"path": str(tmp_path)}), (PortListener, port)])
+    assert len(host.ran) == 1
+    host.run_shell_command(changing(StringCommand("true"), "/etc/elsewhere"))
+    host.get_fact(ModelConfig, path=str(tmp_path))
+    assert len(host.ran) == 2  # ModelConfig kept (another path changed); the command ran
+    host.get_fact(PortListener, **port)
+    assert len(host.ran) == 3  # read again: the prefetched value went with the command

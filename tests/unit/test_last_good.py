@@ -167,6 +167,19 @@ def test_a_ready_server_is_never_rolled_back():
     assert host.commands == [WAIT]
 
 
+def test_the_time_to_ready_is_kept_when_readiness_sees_the_restarted_server_ready():
+    """From the restart (mark_restarted) to ready: the time-to-ready step then runs nothing on the host."""
+    spec = sandbox_spec()
+    host = rollback_host(spec, kept=None, current=stamp(), waits=(True,))
+    state = FakeState()
+    mark_restarted(state, host)
+    assert last_good.ready_or_rolled_back(state, host, WAIT, 60, spec) is True
+    ready_s = run_state(state).ready_s[host.name]
+    assert ready_s >= 0
+    assert readiness._record(state, host, spec.venv_python, spec.unit_name) is True
+    assert host.commands == [WAIT] and run_state(state).ready_s[host.name] == ready_s
+
+
 @pytest.mark.parametrize("why, spec_overrides, kept, current, restarted, said", [
     ("turned off", {"rollback_on_failure": False}, stamp(unit="u0"), stamp(), True, None),
     ("not restarted by this run", {}, stamp(unit="u0"), stamp(), False, None),

@@ -128,10 +128,15 @@ def test_gpu_facts_are_read_once_per_rollout_and_others_every_time():
     asked: list[tuple] = []
     answers = {NvidiaGpus: [], GpuP2P: None, VenvPackages: {"sglang": "0.5.23"}}
 
+    class Host:  # pyinfra's Host: get_fact on the class (core/factcache.py may wrap it after attach)
+        def __init__(self, state_no: int) -> None:
+            self.name, self.state_no = "a", state_no
+
+        def get_fact(self, cls, *args, **kwargs):
+            return asked.append((self.state_no, cls, kwargs)) or answers[cls]
+
     def host_in(state_no: int):
-        host = SimpleNamespace(name="a")
-        host.get_fact = lambda cls, *args, **kwargs: asked.append((state_no, cls, kwargs)) or answers[cls]
-        return host
+        return Host(state_no)
 
     facts = StaticFacts()
     first = host_in(1)
@@ -146,3 +151,9 @@ def test_gpu_facts_are_read_once_per_rollout_and_others_every_time():
     assert [(n, cls) for n, cls, _ in asked] == [(1, NvidiaGpus), (1, NvidiaGpus), (2, VenvPackages),
                                                  (2, VenvPackages)]
     assert facts.hits == 1
+    wrapped = Host.get_fact
+    Host.get_fact = lambda self, cls, *args, **kwargs: "wrapped later"  # type: ignore[method-assign]
+    try:
+        assert second.get_fact(VenvPackages, path="/v") == "wrapped later"  # the class's, as it is now
+    finally:
+        Host.get_fact = wrapped  # type: ignore[method-assign]

@@ -8,8 +8,11 @@ compares the functions themselves with the real ones."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,8 +80,35 @@ def test_nvfp4_under_compressed_tensors_0_18_starts_with_sglangs_own_code(bed):
     out = proc.out()
     assert "compressed-tensors config checked by sglang code" in out
     assert "quant=compressed-tensors" in out and "index filter: sglang" in out
+    # the compressed-tensors check (it imports torch) ran in a child of the rank that exited: neither
+    # the server process nor its rank holds torch (~350 MB) while it serves
+    serving = [proc.pid, *child_pids(proc.pid)]
+    assert len(serving) == 2, serving  # the server and its one rank; the children that imported torch are gone
+    assert [pid for pid in serving if torch_mapped(pid)] == []
     proc.p.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
+
+
+def child_pids(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()
+            if Path(f"/proc/{c}/cmdline").read_bytes().find(b"resource_tracker") < 0]
+
+
+def torch_mapped(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_torch_mapped_sees_a_process_that_imported_torch():
+    """The positive control of the check above."""
+    proc = subprocess.Popen([venv_python(SGLANG_VENV_PY), "-c", "import sys, torch; print('in', flush=True); "
+                             "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "in"
+        assert torch_mapped(proc.pid)
+        assert not torch_mapped(os.getpid())
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_compressed_tensors_not_installed(bed):

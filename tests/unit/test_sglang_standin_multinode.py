@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.unit.test_sglang_standin_checks import torch_mapped
 from tests.unit.test_sglang_standin import (
     READY,
     SGLANG_VENV_PY,
@@ -120,6 +121,8 @@ def test_real_sglang_parser(tmp_path):
         # SGLang's own resolved_dict(), through SGLang's own logger format: the key in clear
         assert "'tp_size': 8" in out and "'attention_backend': 'triton'" in out
         assert "'api_key': 'real-parser-key'" in out
+        # SGLang's parser (it imports torch) ran in a child that exited: the serving process holds no torch
+        assert not torch_mapped(proc.pid)
         status, body = http("GET", f"http://127.0.0.1:{port}/v1/models", key="real-parser-key")
         assert status == 200 and body["data"][0]["id"] == "kimi-sim"
         assert http("GET", f"http://127.0.0.1:{port}/v1/models")[0] == 401
