@@ -23,6 +23,11 @@ from facts.gpu import GpuP2P, NvidiaGpus, SimulatedGpus
 STATIC_FACTS: tuple[type, ...] = (NvidiaGpus, GpuP2P, SimulatedGpus)
 
 
+def _key(host_name: str, cls: type, args: tuple, kwargs: dict) -> tuple:
+    """A kept value's key: one host's fact with these arguments."""
+    return host_name, cls, repr(args), repr(sorted(kwargs.items()))
+
+
 class StaticFacts:
     """Kept hardware facts by (host, fact, arguments), for every State of one rollout."""
 
@@ -40,7 +45,7 @@ class StaticFacts:
         def get_fact(cls, *args, **kwargs):
             if cls not in STATIC_FACTS:
                 return original(cls, *args, **kwargs)
-            key = (host.name, cls, repr(args), repr(sorted(kwargs.items())))
+            key = _key(host.name, cls, args, kwargs)
             if key in self.values:
                 self.hits += 1
                 return self.values[key]
@@ -51,4 +56,4 @@ class StaticFacts:
 
         host.get_fact = get_fact
         # deploy.py's prefetch (core/factcache.py) leaves out what is answered from memory here
-        host.answers_from_memory = lambda cls, kwargs: (host.name, cls, "()", repr(sorted(kwargs.items()))) in self.values
+        host.answers_from_memory = lambda cls, kwargs: _key(host.name, cls, (), kwargs) in self.values
