@@ -11,11 +11,12 @@ server pipeline, a rank of a multi-node TP group the group's pipeline.
 
 from pyinfra import host, inventory
 
-from core import factcache, ssh
+from core import factcache, opstack, ssh
 from core.checks import resolved_spec
 from tasks.pipeline import pipeline_for
 from tasks.spec import RouterSpec, host_spec, validate_inventory
 
+opstack.known_to_inspect(__file__)  # pyinfra's per-operation stack walk, kept cheap (core/opstack.py)
 ssh.nodelay(host)  # each command sent at once, not after the host's delayed ACK (core/ssh.py)
 factcache.start(host)  # each fact read once per host until something changes there
 validate_inventory(inventory)
