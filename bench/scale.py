@@ -20,7 +20,12 @@ the same load (`scale_noop_<N>_over_adjacent_1`).
 
 The guests share this machine's CPUs with each other and with the controller:
 a guest's share of a no-op run (its fact commands; `scale_noop_guests_cpu_s_<N>`)
-adds up over N here, where real hosts each run theirs on their own CPUs.
+adds up over N here, where real hosts each run theirs on their own CPUs. So each
+N also gets its CPU floor: all the CPU time the run used, controller's and guests',
+over this machine's cores (`scale_noop_cpu_floor_s_<N>`), the least time the
+machine could take, and the run's time over it (`scale_noop_<N>_over_cpu_floor`);
+and the controller's CPU for each host added (`scale_noop_controller_cpu_per_added_host_s`),
+the cost that stays on the controller when the hosts are real.
 
 N is capped by what the machine has left: before more clones boot, the RAM
 available must stay above MIN_FREE_RAM_GIB plus the measured cost of a
@@ -357,6 +362,18 @@ def figures(out: dict) -> dict:
                     f"scale_noop_s_1_beside_{n}": m["noop_1_adjacent_s"],
                     f"scale_dry_{n}_over_adjacent_1": m["dry_s"] / m["dry_1_adjacent_s"],
                     f"scale_noop_{n}_over_adjacent_1": m["noop_s"] / m["noop_1_adjacent_s"]}
+    cores = os.cpu_count() or 1
+    for n, m in sorted(by_n.items()):
+        # the least time this machine could take: every CPU-second the run used (controller and guests
+        # alike share its cores here), spread over all its cores
+        floor = (m["noop_cpu_s"] + m["noop_guest_cpu_s"]) / cores
+        fig |= {f"scale_noop_cpu_floor_s_{n}": floor, f"scale_noop_{n}_over_cpu_floor": m["noop_s"] / floor}
+    if 1 in by_n and max(by_n) > 1:
+        top = max(by_n)
+        # what one more host costs the controller, and what its no-op costs the host itself
+        fig["scale_noop_controller_cpu_per_added_host_s"] = \
+            (by_n[top]["noop_cpu_s"] - by_n[1]["noop_cpu_s"]) / (top - 1)
+        fig["scale_noop_guest_cpu_per_host_s"] = by_n[top]["noop_guest_cpu_s"] / top
     if 1 in by_n:
         for n in {max(by_n)} | ({50} & set(by_n)):
             fig[f"scale_dry_{n}_over_1"] = by_n[n]["dry_s"] / by_n[1]["dry_s"]

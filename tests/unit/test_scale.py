@@ -97,3 +97,19 @@ def test_forget_drops_one_parts_keys(tmp_path, monkeypatch):
     results.record({"scale_noop_s_17": 1.0, "noop_s": 2.0})
     results.forget("scale_")
     assert json.loads((tmp_path / "latest.json").read_text()) == {"noop_s": 2.0}
+
+
+def test_cpu_floor_and_per_host_cpu(monkeypatch):
+    from bench import scale
+
+    monkeypatch.setattr(scale.os, "cpu_count", lambda: 2)
+    one = {**_m(2.0, 4.0, 2.0, 4.0), "noop_cpu_s": 1.0, "noop_guest_cpu_s": 0.5}
+    fifty = {**_m(4.0, 20.0, 2.0, 4.0), "noop_cpu_s": 5.9, "noop_guest_cpu_s": 30.0}
+    out = {"converge_s": 100.0, "template": {"upper_disk": 2**30, "rss": 2**30, "pss": 2**29}, "layer_disk": 2**30,
+           "capped": "", "settles": [], "by_n": {1: one, 50: fifty}}
+    fig = scale.figures(out)
+    assert fig["scale_noop_cpu_floor_s_50"] == (5.9 + 30.0) / 2
+    assert fig["scale_noop_50_over_cpu_floor"] == 20.0 / ((5.9 + 30.0) / 2)
+    assert fig["scale_noop_cpu_floor_s_1"] == 0.75
+    assert abs(fig["scale_noop_controller_cpu_per_added_host_s"] - 0.1) < 1e-9
+    assert fig["scale_noop_guest_cpu_per_host_s"] == 30.0 / 50
