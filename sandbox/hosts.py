@@ -79,7 +79,7 @@ INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
 SRC_DIR = Path(__file__).resolve().parent
 # files of sandbox/ copied into every guest's GUEST_LIB at `up` (those that exist):
 # stdlib-only scripts that run on the sandbox host
-GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py")
+GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py", "sglang_sigterm.py")
 
 DEFAULT_LAYOUT = {
     "gpus": 8,
