@@ -57,7 +57,9 @@ code from the venv wherever that code runs without a GPU:
    the default action; from the warmup request on, SGLang's handler logs
    "SIGTERM received. ..." and its watchdog, polling every 5 s from that
    request, drains the requests ("Gracefully exiting... Remaining number of
-   requests N. ..."), with /health 503 meanwhile, stops the ranks, exit 0;
+   requests N. ..."), with /health 503 meanwhile, stops the ranks, exit 0.
+   The ranks have no SIGTERM handler: SIGTERM to all (systemd's KillMode=
+   control-group) kills them, then the watchdog below ends the main process;
 5. multi-node (--nnodes N): ranks really rendezvous over TCP at
    --dist-init-addr; rank 0 is ready only when all ranks joined; ranks
    >= 1 serve only SGLang's dummy health server (/health, /health_generate,
@@ -837,7 +839,10 @@ def run_rank(cfg: dict, conn) -> None:
     away. A failure is logged as "Scheduler hit an exception: <traceback>" and
     SIGQUIT goes to the main process, as in SGLang."""
     _die_with_parent()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the main process stops the ranks
+    # SIGTERM: the default action, as SGLang's schedulers install no handler (scheduler.py;
+    # mem_cache/allocator/unified_sub_pool.py says so). systemd's KillMode=control-group
+    # sends it to every process of the unit at once: the ranks die, the main process's
+    # SubprocessWatchdog (start_watchdog) sees it and SIGQUITs itself, no drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(cfg["log_level"], prefix=f" TP{cfg['tp_rank']}")
     gpusim = _import_gpusim()

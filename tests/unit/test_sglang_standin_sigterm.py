@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from tests.unit.test_sglang_standin import READY, Bed, bed, free_port, holders, http  # noqa: F401 - bed: fixture
 
@@ -120,3 +121,37 @@ def test_sigterm_before_any_generation_request_meets_uvicorns_handler(bed):
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(30) == 0
     assert proc.out().index(SIGTERM_LINE) < proc.out().index(EXITING)
+
+
+def test_sigterm_to_every_process_like_systemd_kills_the_ranks_and_no_drain(bed):
+    """systemd's KillMode=control-group (the unit's) sends SIGTERM to the main process and
+    the ranks at once. SGLang's schedulers have no SIGTERM handler: they die, the main
+    process's SubprocessWatchdog SIGQUITs it, it kills the tree and itself; nothing drains.
+    (Control: SIGTERM to the main process alone drains, the tests above.)"""
+    proc, base = _ready(bed, SANDBOX_GEN_DELAY_S="5.5")
+    results: list = []
+
+    def slow():
+        try:
+            results.append(http("POST", base + "/generate", timeout=60, body={"text": "slow", "sampling_params": {}}))
+        except Exception as e:  # noqa: BLE001 - the connection goes down with the server
+            results.append(e)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    while http("GET", base + "/get_load")[1][0]["num_reqs"] < 1:
+        time.sleep(0.02)
+    ranks = [int(c) for task in Path(f"/proc/{proc.pid}/task").iterdir()
+             for c in (task / "children").read_text().split()
+             if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(ranks) == 2, ranks
+    for pid in [proc.pid, *ranks]:
+        os.kill(pid, signal.SIGTERM)
+    assert proc.wait(30) == -signal.SIGKILL
+    t.join(60)
+    assert results and not (isinstance(results[0], tuple) and results[0][0] == 200)  # not drained
+    out = proc.out()
+    assert out.index(SIGTERM_LINE) < out.index("crashed with exit code -15. Triggering SIGQUIT for cleanup...") \
+        < out.index("SIGQUIT received.")
+    assert EXITING not in out
+    _ranks_follow(bed)
