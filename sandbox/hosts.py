@@ -10,7 +10,7 @@ A host can reboot and keep its disk: a small supervisor (sh, argv[0]
 sgc-nspawn-supervisor; its PID is SandboxHost.nspawn_pid) runs systemd-nspawn
 and starts it again on the same root when it exits with 133 (the guest
 rebooted: `systemctl reboot` in it, or reboot() here); any other exit (a
-poweroff, SIGTERM from remove/down) ends the host for good.
+poweroff, SIGTERM, the SIGKILL remove/down send) ends the host for good.
 
 Python API:
     up(count, **layout_opts) -> list[SandboxHost]   ensure hosts 1..count run
@@ -79,7 +79,7 @@ INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
 SRC_DIR = Path(__file__).resolve().parent
 # files of sandbox/ copied into every guest's GUEST_LIB at `up` (those that exist):
 # stdlib-only scripts that run on the sandbox host
-GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py")
+GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py", "sglang_sigterm.py")
 
 DEFAULT_LAYOUT = {
     "gpus": 8,
@@ -705,8 +705,9 @@ def _supervisor_script(merged: Path, cgdirs: list[Path], nspawn: list[str]) -> s
     systemd-nspawn exits with NSPAWN_REBOOT_EXIT when the guest asked for a
     reboot: the supervisor then clears the simulated GPUs (gpusim's
     BOOT_CLEARED_PATHS; /run is a fresh tmpfs anyway) and starts it again in the
-    same network namespace. Any other exit ends the host. SIGTERM (remove,
-    down) is passed on to nspawn once: an orderly poweroff of the guest, no restart.
+    same network namespace. Any other exit ends the host. SIGTERM is passed on
+    to nspawn once: an orderly poweroff of the guest, no restart (remove and down
+    kill the guest instead: _stop_pids).
     """
     cleared = " ".join(shlex.quote(str(merged / p.lstrip("/"))) for p in gpusim.BOOT_CLEARED_PATHS)
     say = f"echo {SUPERVISOR_ARGV0}:"
@@ -893,19 +894,14 @@ def up(
 
 
 def _stop_pids(pids: list[int], name: str) -> None:
+    """Kill a guest that is being thrown away (remove, down), as a test harness may:
+    an orderly poweroff would stop its services first, and an SGLang server takes
+    up to its watchdog's 5 s tick to stop (sandbox/sglang_sigterm.py), per host,
+    for nothing anyone reads. A deploy never sees this (an in-guest reboot or
+    poweroff still stops everything in order)."""
     pids = [p for p in pids if _alive(p)]
-    # SIGTERM the top of each guest only: the supervisor passes it on to its nspawn
-    # once (a second SIGTERM would make nspawn kill the guest rather than halt it)
-    for pid in [p for p in pids if _ppid(p) not in pids]:
-        try:
-            os.kill(pid, signal.SIGTERM)  # nspawn: orderly guest shutdown
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        _reap(pids)
-        time.sleep(0.05)
-    for pid in pids:
+    # the supervisor first, so it cannot start nspawn again; then nspawn, then the guest's cgroups
+    for pid in sorted(pids, key=lambda p: _ppid(p) in pids):
         if _alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)

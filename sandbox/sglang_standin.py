@@ -52,7 +52,14 @@ code from the venv wherever that code runs without a GPU:
    /server_info (and /get_server_info: the arguments under SGLang's own
    names, the speculative_* settings included), /model_info, /v1/loads, /get_load, /version, /metrics,
    /generate, /v1/chat/completions (plain and SSE), /v1/completions,
-   --api-key enforced like SGLang; SIGTERM drains in-flight requests, exit 0;
+   --api-key enforced like SGLang;
+   SIGTERM as SGLang 0.5.23 meets it (sandbox/sglang_sigterm.py): while loading
+   the default action; from the warmup request on, SGLang's handler logs
+   "SIGTERM received. ..." and its watchdog, polling every 5 s from that
+   request, drains the requests ("Gracefully exiting... Remaining number of
+   requests N. ..."), with /health 503 meanwhile, stops the ranks, exit 0.
+   The ranks have no SIGTERM handler: SIGTERM to all (systemd's KillMode=
+   control-group) kills them, then the watchdog below ends the main process;
 5. multi-node (--nnodes N): ranks really rendezvous over TCP at
    --dist-init-addr; rank 0 is ready only when all ranks joined; ranks
    >= 1 serve only SGLang's dummy health server (/health, /health_generate,
@@ -108,6 +115,8 @@ import typing
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from sglang_sigterm import Lifecycle
 
 SIMULATION_BANNER = "SIMULATED SGLang server (sandbox stand-in): no GPU, no real model weights"
 READY_LINE = "The server is fired up and ready to roll!"
@@ -830,7 +839,10 @@ def run_rank(cfg: dict, conn) -> None:
     away. A failure is logged as "Scheduler hit an exception: <traceback>" and
     SIGQUIT goes to the main process, as in SGLang."""
     _die_with_parent()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the main process stops the ranks
+    # SIGTERM: the default action, as SGLang's schedulers install no handler (scheduler.py;
+    # mem_cache/allocator/unified_sub_pool.py says so). systemd's KillMode=control-group
+    # sends it to every process of the unit at once: the ranks die, the main process's
+    # SubprocessWatchdog (start_watchdog) sees it and SIGQUITs itself, no drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(cfg["log_level"], prefix=f" TP{cfg['tp_rank']}")
     gpusim = _import_gpusim()
@@ -1042,17 +1054,21 @@ class Ranks:
 
         threading.Thread(target=loop, daemon=True, name="subprocess-watchdog").start()
 
-    def shutdown(self, timeout: float = 10) -> None:
-        """Graceful: every rank frees its memory and exits 0."""
+    def shutdown(self, timeout: float = 10) -> list[int]:
+        """Graceful: every rank frees its memory and exits 0 (SGLang's ShutdownReq);
+        what is still alive after `timeout` s is killed, and its PIDs returned."""
         self._stop_watch.set()
         for conn in self.conns:
             try:
                 conn.send("shutdown")
             except OSError:
                 pass
+        deadline = time.monotonic() + timeout
         for proc in self.procs:
-            proc.join(timeout)
+            proc.join(max(0.0, deadline - time.monotonic()))
+        stragglers = [proc.pid for proc in self.procs if proc.is_alive()]
         self.kill()
+        return stragglers
 
     def kill(self) -> None:
         self._stop_watch.set()
@@ -1115,13 +1131,23 @@ class ServerState:
         self.cond = threading.Condition()
         self.gen_delay = _env_float("SANDBOX_GEN_DELAY_S", 0.05)
         self.startup_time = time.time()
+        self.life: Lifecycle | None = None  # node rank 0: the SIGTERM path (sglang_sigterm.py)
 
-    def enter(self) -> None:
+    @property
+    def gracefully_exit(self) -> bool:
+        return self.life is not None and self.life.gracefully_exit
+
+    def enter(self, rid: str = "") -> None:
+        if self.life is not None:
+            self.life.auto_create_handle_loop()  # tokenizer_manager.py generate_request
+            self.life.enter(rid)
         with self.cond:
             self.inflight += 1
             self.total_requests += 1
 
-    def leave(self) -> None:
+    def leave(self, rid: str = "") -> None:
+        if self.life is not None:
+            self.life.leave(rid)
         with self.cond:
             self.inflight -= 1
             self.cond.notify_all()
@@ -1245,15 +1271,24 @@ class Handler(BaseHTTPRequestHandler):
     # -- endpoints -------------------------------------------------------
 
     def health(self):
+        """http_server.py health_generate (/health, /health_generate)."""
         st = self.state
-        if st.shutting_down:
+        if st.gracefully_exit or st.shutting_down:
             log("Health check request received during shutdown. Returning 503.")
             return self._send(503)
-        return self._send(200 if st.ready else 503)
+        if not st.ready:  # ServerStatus.Starting
+            return self._send(503)
+        path = self.path.split("?", 1)[0]
+        generation = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").strip().lower() in (
+            "true", "1")
+        if st.life is not None and (generation or path == "/health_generate"):
+            st.life.auto_create_handle_loop()  # its one-token request goes through generate_request
+        return self._send(200)
 
     def ready_ep(self):
+        """http_server.py ready: tokenizer_manager.is_ready() (not gracefully_exit, Up)."""
         st = self.state
-        return self._send(200 if st.ready and not st.shutting_down else 503)
+        return self._send(200 if st.ready and not st.gracefully_exit and not st.shutting_down else 503)
 
     def models(self):
         a = self.state.args
@@ -1393,7 +1428,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self._gen_guard():
             return
         st = self.state
-        st.enter()
+        rid = uuid.uuid4().hex
+        st.enter(rid)
         try:
             t0 = time.time()
             time.sleep(st.gen_delay)
@@ -1411,7 +1447,7 @@ class Handler(BaseHTTPRequestHandler):
                 {
                     "text": out,
                     "meta_info": {
-                        "id": uuid.uuid4().hex,
+                        "id": rid,
                         "finish_reason": finish_reason,
                         "prompt_tokens": _count_tokens(str(text)),
                         "completion_tokens": len(words),
@@ -1422,7 +1458,7 @@ class Handler(BaseHTTPRequestHandler):
                 },
             )
         finally:
-            st.leave()
+            st.leave(rid)
 
     def _stream_start(self) -> None:
         self.send_response(200)
@@ -1477,7 +1513,7 @@ class Handler(BaseHTTPRequestHandler):
             "prompt_tokens_details": None,
             "reasoning_tokens": 0,
         }
-        st.enter()
+        st.enter(rid)
         try:
             if body.get("stream"):
                 obj = "chat.completion.chunk" if chat else "text_completion"
@@ -1533,7 +1569,7 @@ class Handler(BaseHTTPRequestHandler):
                  "usage": usage, "metadata": {"weight_version": "default"}},
             )
         finally:
-            st.leave()
+            st.leave(rid)
 
     def chat_completions(self):
         return self._openai(chat=True)
@@ -1800,7 +1836,8 @@ def _wait(stop: threading.Event, seconds: float) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGTERM while loading: the default action, as in SGLang (sglang_sigterm.py, phase A)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     configure_logging()  # SGLang's format until the arguments say more
@@ -1843,6 +1880,8 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
     node_rank = args.node_rank
     version = _sglang_version()
     state = ServerState(args, model_config, version, full_api=(node_rank == 0))
+    if node_rank == 0:
+        state.life = Lifecycle(stop)
     server = None
 
     # the HTTP server answers 503 on /health while loading (node rank 0)
@@ -1876,10 +1915,15 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
     if node_rank != 0:
         return _serve_nonzero_node(args, state, rdv, ranks)
 
-    # node rank 0: warmup, then ready
+    # node rank 0: uvicorn serves (its SIGTERM handler), the warmup request, then ready
+    life = state.life
+    life.uvicorn_started()
     if _wait(stop, load_seconds * 0.1):
-        return _shutdown(state, server, rdv, node_rank, ranks)
+        if life.captured != signal.SIGTERM:
+            return _shutdown(state, server, rdv, node_rank, ranks)
+        return _stop_before_warmup(state, server, ranks)
     if not args.skip_server_warmup:
+        life.auto_create_handle_loop()  # the warmup's /generate: SGLang's SIGTERM handler from here on
         log("Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
             "#running-req: 0, #queue-req: 0", logger=_scheduler_logger)
         raw(f'[{time.strftime("%Y-%m-%d %H:%M:%S")}] INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
@@ -1887,7 +1931,46 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
     log(READY_LINE)
 
     stop.wait()
-    return _shutdown(state, server, rdv, node_rank, ranks)
+    if not life.drained.is_set():
+        if life.captured != signal.SIGTERM:  # SIGINT
+            return _shutdown(state, server, rdv, node_rank, ranks)
+        # --skip-server-warmup and no generation request yet: uvicorn's handler; its
+        # lifespan ends at once (no warmup thread), then capture_signals re-raises
+        # SIGTERM under the default action; the ranks follow (PDEATHSIG)
+        _uvicorn_exit(state, server)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+    # sigterm_watchdog drained: ShutdownReq, the schedulers' exit, then the stop hook (uvicorn exits)
+    life.stop_schedulers(ranks, rdv.broadcast_shutdown if rdv is not None else None)
+    _uvicorn_exit(state, server)
+    return 0
+
+
+def _uvicorn_exit(state: ServerState, server) -> None:
+    """uvicorn/server.py Server.shutdown: stop listening, let the open requests finish,
+    then the lifespan shutdown (the warmup thread has ended)."""
+    state.shutting_down = True
+    Lifecycle.uvicorn_shutdown_begin()
+    if server is not None:
+        server.shutdown()
+    state.wait_idle(timeout=None)
+    if server is not None:
+        server.server_close()
+    Lifecycle.uvicorn_shutdown_end()
+
+
+def _stop_before_warmup(state: ServerState, server, ranks: Ranks) -> int:
+    """SIGTERM met uvicorn's handler (sglang_sigterm.py phase B): uvicorn stops
+    listening, its lifespan shutdown waits for the warmup thread, which polls the
+    closed port, gives up and kills the tree and itself (SIGKILL)."""
+    state.shutting_down = True
+    Lifecycle.uvicorn_shutdown_begin()
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    a = state.args
+    Lifecycle.warmup_gives_up(f"http://{a.host}:{a.port}", _kill_process_tree_self)
+    return 1  # not reached: the tree is killed
 
 
 def _serve_nonzero_node(args, state: ServerState, rdv, ranks: Ranks) -> int:
@@ -1927,9 +2010,11 @@ def _nonzero_sigterm(node_rank: int) -> None:
 
 
 def _shutdown(state: ServerState, server, rdv, node_rank: int, ranks: Ranks | None = None) -> int:
-    """SIGTERM: health says 503, no new connections, in-flight requests finish; then the ranks stop."""
+    """SIGINT (uvicorn's handler, also after the warmup: the tokenizer manager takes
+    only SIGTERM): health says 503, no new connections, in-flight requests finish;
+    then the ranks stop."""
     state.shutting_down = True
-    log("Received SIGTERM: gracefully shutting down; waiting for in-flight requests "
+    log("(stand-in) SIGINT: gracefully shutting down; waiting for in-flight requests "
         f"({state.inflight}) to finish.")
     if server is not None:
         server.shutdown()  # stop accepting

@@ -44,7 +44,7 @@ VENV = "/opt/sglang/venv"
 PIP = f"{VENV}/bin/python -m pip"
 UNIT = "sglang.service"
 URL = "http://127.0.0.1:30000"
-GEN_DELAY_S = "20"  # a generation request takes that long: a restart waits for it to drain
+GEN_DELAY_S = "20"  # a generation request takes that long: a draining restart waits for it
 MANAGED_DIRS = "/etc/sglang /etc/systemd/system /var/lib/sglang-converge"
 TIMINGS: dict[str, float] = {}
 
@@ -199,7 +199,7 @@ def restart_due(settings, label: str) -> str:
 
 def generation_in_flight(host) -> None:
     """A generation request that takes GEN_DELAY_S, running when this returns: a stop of
-    the server (SIGTERM) waits for it."""
+    the server that drains (KillMode=mixed, see test_fault_during_a_restart) waits for it."""
     host.run("key=$(sed -n 's/^api-key: *//p' /etc/sglang/sglang.yaml 2>/dev/null | tr -d \"\\\"'\"); "
              "setsid curl -s -m 120 ${key:+-H \"Authorization: Bearer $key\"} -H 'Content-Type: application/json' "
              f"-d '{{\"text\": \"hi\", \"sampling_params\": {{\"max_new_tokens\": 1}}}}' {URL}/generate "
@@ -285,12 +285,26 @@ def test_fault_during_the_compressed_tensors_upgrade(host, settings, how):
 
 @pytest.mark.parametrize("how", ["killed", "dropped"])
 def test_fault_during_a_restart(host, settings, how):
-    """New settings restart the server while it drains a generation request (SIGTERM
-    waits for it), and the plug is pulled right then. systemd finishes the restart on
-    its own: the server runs the new settings, whole files, nobody recorded it. The next
-    run sees that and records it instead of restarting a second time."""
+    """New settings restart the server while it drains a generation request, and the
+    plug is pulled right then. systemd finishes the restart on its own: the server runs
+    the new settings, whole files, nobody recorded it. The next run sees that and records
+    it instead of restarting a second time.
+
+    SGLang drains only when SIGTERM reaches its main process alone: under the unit's
+    KillMode=control-group its schedulers get SIGTERM too and die at once, and the stop
+    takes about a second (sandbox/sglang_sigterm.py). A runtime drop-in (KillMode=mixed,
+    which the deploy does not read) gives this restart SGLang's drain: its watchdog's
+    5 s tick, then the generation, a window to pull the plug in."""
     value = restart_due(settings, how)
     before = props(host)
+    with_drop_in(host, "KillMode=mixed")
+    try:
+        _fault_during_a_restart(host, settings, how, value, before)
+    finally:
+        with_drop_in(host, None)
+
+
+def _fault_during_a_restart(host, settings, how: str, value: str, before: dict) -> None:
     generation_in_flight(host)
     controller = controller_run(host, settings)
     controller.wait_for(f"service: restart {UNIT}", timeout=300)
@@ -318,7 +332,7 @@ DROP_IN = f"/run/systemd/system/{UNIT}.d/fault.conf"
 
 
 def with_drop_in(host, text: str | None) -> None:
-    """A runtime drop-in (a slower or no Restart=) for a crash test; None removes it."""
+    """A runtime drop-in (a slower or no Restart=, KillMode=mixed) for a test; None removes it."""
     if text is None:
         host.run(f"rm -f {DROP_IN} && systemctl daemon-reload")
     else:
