@@ -79,6 +79,7 @@ INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
 SRC_DIR = Path(__file__).resolve().parent
 # files of sandbox/ copied into every guest's GUEST_LIB at `up` (those that exist):
 # stdlib-only scripts that run on the sandbox host
+NSPAWN_PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")  # systemd-nspawn's, one dir per machine name
 GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py", "sglang_sigterm.py")
 
 DEFAULT_LAYOUT = {
@@ -955,6 +956,19 @@ def _teardown(name: str, index: int | None, pids: list[int]) -> None:
         _iptables("-t", table, "-D", *rule, check=False)
     for d in _cgroup_dirs(name):
         _rmdir_tree(d)
+    _remove_propagate_dir(name)
+
+
+def _remove_propagate_dir(name: str) -> None:
+    """nspawn's per-machine mount propagation dir: nspawn removes it when it exits, not when it is
+    killed (remove and down kill it: _stop_pids)."""
+    path = NSPAWN_PROPAGATE_DIR / name
+    if not path.exists():
+        return
+    for target in _mounts_under(path):
+        if _sh("umount", target, check=False).returncode != 0:
+            _sh("umount", "-l", target, check=False)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _scan_names() -> dict[str, int | None]:
@@ -1038,6 +1052,11 @@ def down() -> list[str]:
         if names:
             with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
                 list(pool.map(lambda n: _teardown(n, names[n], [p for p in pids.get(n, []) if p]), names))
+        # and those of guests killed before their teardown removed them (a crashed run)
+        if NSPAWN_PROPAGATE_DIR.is_dir():
+            for path in NSPAWN_PROPAGATE_DIR.iterdir():
+                if _index_of(path.name) is not None:
+                    _remove_propagate_dir(path.name)
         _cleanup_globals()
         STATE_FILE.unlink(missing_ok=True)
     return sorted(names, key=lambda n: _index_of(n) or 0)
