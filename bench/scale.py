@@ -362,11 +362,9 @@ def figures(out: dict) -> dict:
                     f"scale_noop_s_1_beside_{n}": m["noop_1_adjacent_s"],
                     f"scale_dry_{n}_over_adjacent_1": m["dry_s"] / m["dry_1_adjacent_s"],
                     f"scale_noop_{n}_over_adjacent_1": m["noop_s"] / m["noop_1_adjacent_s"]}
-    cores = os.cpu_count() or 1
-    for n, m in sorted(by_n.items()):
         # the least time this machine could take: every CPU-second the run used (controller and guests
         # alike share its cores here), spread over all its cores
-        floor = (m["noop_cpu_s"] + m["noop_guest_cpu_s"]) / cores
+        floor = (m["noop_cpu_s"] + m["noop_guest_cpu_s"]) / (os.cpu_count() or 1)
         fig |= {f"scale_noop_cpu_floor_s_{n}": floor, f"scale_noop_{n}_over_cpu_floor": m["noop_s"] / floor}
     if 1 in by_n and max(by_n) > 1:
         top = max(by_n)

@@ -76,10 +76,6 @@ class Lifecycle:
 
     # -- the handlers --------------------------------------------------------
 
-    def install(self) -> None:
-        """Phase A: the default action (engine.py installs no SIGTERM handler)."""
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
     def uvicorn_started(self) -> None:
         """Phase B: uvicorn/server.py Server.capture_signals -> handle_exit. One
         Python-level handler dispatches on the phase: SGLang swaps the handler from

@@ -1836,7 +1836,7 @@ def _wait(stop: threading.Event, seconds: float) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     stop = threading.Event()
-    # SIGTERM while loading: the default action, as in SGLang (sglang_sigterm.py, phase A)
+    # SIGTERM while loading: the default action, as engine.py installs no handler (sglang_sigterm.py, phase A)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
@@ -1921,7 +1921,7 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
     if _wait(stop, load_seconds * 0.1):
         if life.captured != signal.SIGTERM:
             return _shutdown(state, server, rdv, node_rank, ranks)
-        return _stop_before_warmup(state, server, ranks)
+        return _stop_before_warmup(state, server)
     if not args.skip_server_warmup:
         life.auto_create_handle_loop()  # the warmup's /generate: SGLang's SIGTERM handler from here on
         log("Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
@@ -1959,7 +1959,7 @@ def _uvicorn_exit(state: ServerState, server) -> None:
     Lifecycle.uvicorn_shutdown_end()
 
 
-def _stop_before_warmup(state: ServerState, server, ranks: Ranks) -> int:
+def _stop_before_warmup(state: ServerState, server) -> int:
     """SIGTERM met uvicorn's handler (sglang_sigterm.py phase B): uvicorn stops
     listening, its lifespan shutdown waits for the warmup thread, which polls the
     closed port, gives up and kills the tree and itself (SIGKILL)."""

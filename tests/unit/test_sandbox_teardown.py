@@ -32,17 +32,27 @@ def _guest(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     return proc, int(child.read_text()), marker
 
 
+def _popen_reaps(monkeypatch) -> None:
+    """Leave reaping to Popen: _stop_pids' own waitpid would take the guest's exit status first
+    (Popen.wait then reports 0), depending on how soon the killed process is gone."""
+    monkeypatch.setattr(H, "_reap", lambda pids: None)
+
+
 def test_remove_kills_the_guest_without_sigterm(tmp_path, monkeypatch):
+    _popen_reaps(monkeypatch)
     monkeypatch.setattr(H, "_cgroup_dirs", lambda name: [])
     proc, child, marker = _guest(tmp_path)
-    H._stop_pids([proc.pid], "sgc-test")
-    assert proc.wait(timeout=30) == -9  # killed, not asked
-    assert not marker.exists()  # no SIGTERM reached it: nothing waited for an orderly stop
-    os.kill(child, 9)  # the cgroup sweep takes such children on a real guest (_cgroup_dirs is empty here)
+    try:
+        H._stop_pids([proc.pid], "sgc-test")
+        assert proc.wait(timeout=30) == -9  # killed, not asked
+        assert not marker.exists()  # no SIGTERM reached it: nothing waited for an orderly stop
+    finally:
+        os.kill(child, 9)  # the cgroup sweep takes such children on a real guest (_cgroup_dirs is empty here)
 
 
 def test_the_cgroup_sweep_takes_what_is_left(tmp_path, monkeypatch):
     """Positive control of the sweep: the guest's processes in its cgroup go too."""
+    _popen_reaps(monkeypatch)
     proc, child, _ = _guest(tmp_path)
     monkeypatch.setattr(H, "_cgroup_dirs", lambda name: [tmp_path / "cg"])
     monkeypatch.setattr(H, "_cgroup_pids", lambda d: {p for p in (proc.pid, child) if _alive(p)})
