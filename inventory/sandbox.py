@@ -20,7 +20,7 @@ except ImportError:  # read without pyinfra (plain import, tests)
     InventoryError = RuntimeError  # type: ignore[misc,assignment]
 
 from sandbox import hubd  # noqa: E402
-from sandbox.inventory_data import connection_data  # noqa: E402
+from sandbox.inventory_data import connection_data, real_indexes  # noqa: E402
 
 STATE_FILE = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox")) / "hosts.json"
 
@@ -35,7 +35,9 @@ def _sandbox_hosts() -> list[tuple[str, dict]]:
             f"sandbox state file {STATE_FILE} is unreadable ({err}): "
             "run `python -m sandbox down`, then `python -m sandbox up --hosts N`"
         ) from None
-    entries = sorted(state.get("hosts", {}).values(), key=lambda e: int(e["index"]))
+    # the real-server hosts are inventory/sandbox_real.py's (they must not get the stand-in's settings)
+    entries = sorted((e for e in state.get("hosts", {}).values() if int(e["index"]) not in real_indexes()),
+                     key=lambda e: int(e["index"]))
     if not entries:
         raise InventoryError(
             f"no sandbox hosts are up ({STATE_FILE} lists none): run `python -m sandbox up --hosts N` first"

@@ -585,6 +585,14 @@ def install_guest_files(root: Path, name: str, layout: dict) -> None:
         nvml_build.install_into(root)
     except (nvml_build.NvmlBuildError, OSError) as err:
         _log(f"{name}: NVML stand-in (libnvidia-ml.so.1) not installed: {err}")
+    # for hosts that run the real SGLang server (group_data/sandbox_real.py): the libcuda.so.1 stub
+    # and the GPU shim, both loaded only by a unit whose environment names them
+    try:
+        nvml_build.install_cuda_stub_into(root)
+    except (nvml_build.NvmlBuildError, OSError) as err:
+        _log(f"{name}: libcuda.so.1 stub not installed: {err}")
+    shim = SRC_DIR / "realshim" / "sitecustomize.py"
+    _write(root, f"{GUEST_LIB}/realshim/sitecustomize.py", shim.read_bytes(), 0o644)
 
 
 def _prepare_root(root: Path, name: str, layout: dict) -> None:

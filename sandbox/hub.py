@@ -1138,6 +1138,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--draft-repo", help="also serve a tiny generated EAGLE3 draft model under this repo id")
     s.add_argument("--draft-commit", help="the draft's 40-hex revision (default: derived from content)")
     s.add_argument("--draft-dir", type=Path, help="where to generate the draft (default: a temp dir)")
+    s.add_argument("--extra-repo", action="append", default=[], metavar="REPO@COMMIT=DIR",
+                   help="also serve the existing directory DIR as REPO at COMMIT (repeatable)")
     s.add_argument("--token-env", metavar="VAR", help="require the token held in this environment variable")
     s.add_argument("--throttle-mbps", type=float, help="limit the total rate (MB/s, 10^6 bytes)")
     s.add_argument("--throttle-file", type=Path,
@@ -1202,6 +1204,12 @@ def main(argv: list[str] | None = None) -> int:
         repos[args.draft_repo] = generate_draft(draft_dir, commit=args.draft_commit, repo_name=args.draft_repo)
         print(f"generated the draft {args.draft_repo} ({repos[args.draft_repo].total_bytes} bytes) at {draft_dir}",
               flush=True)
+
+    for extra in args.extra_repo:
+        name, _, directory = extra.partition("=")
+        repo_id, _, commit = name.partition("@")
+        repos[repo_id] = scan(Path(directory), commit=commit or None)
+        print(f"serving {repo_id}@{repos[repo_id].commit} from {directory}", flush=True)
 
     hub = HubServer(
         repos,

@@ -1,6 +1,8 @@
-"""The sandbox's Hub stand-in as a background process, serving
-models/sandbox-tiny.yaml's repo at its pinned revision (and the tiny EAGLE3
-draft model that models/sandbox-tiny-eagle3.yaml adds, at its) on HUB_ADDRESS, an
+"""The sandbox's Hub stand-in as a background process, serving every sandbox
+profile's repo (models/sandbox-*.yaml) at its pinned revision - the tiny MLA
+models in their quantization formats (sandbox/tinymodel.py), the tiny EAGLE3
+draft model that models/sandbox-tiny-eagle3.yaml adds, and the tiny Llamas that
+the real SGLang server serves (sandbox/tinyllama.py) - on HUB_ADDRESS, an
 address the sandbox adds to the machine's loopback device: every guest reaches
 it through its default route (the machine side of its veth), and it stays the
 same whatever hosts come and go. `python -m sandbox up` starts it, `down`
@@ -43,6 +45,41 @@ def draft() -> dict:
     return yaml.safe_load((REPO_ROOT / "models" / "sandbox-tiny-eagle3.yaml").read_text())["draft"]
 
 
+def other_profiles() -> list[dict]:
+    """Every other sandbox profile whose repo the hub generates (models/sandbox-*.yaml, by repo)."""
+    main, seen, out = profile(), set(), []
+    seen.update({main["repo"], draft()["repo"]})
+    for path in sorted((REPO_ROOT / "models").glob("sandbox-*.yaml")):
+        prof = yaml.safe_load(path.read_text())
+        if prof["repo"] not in seen:
+            seen.add(prof["repo"])
+            out.append(prof)
+    return out
+
+
+def _generate_profile(prof: dict, size_mb: int) -> Path:
+    """The repo of a profile, generated once into MODEL_CACHE (by repo, revision and kind)."""
+    quant = prof.get("quantization") or {}
+    kind = "llama" if prof["attention"] == "mha" else quant.get("format", "dense")
+    directory = MODEL_CACHE / f"{prof['repo'].replace('/', '--')}-{prof['revision'][:12]}-{kind}"
+    done = directory / ".sandbox-generated"
+    if done.is_file():
+        return directory
+    if kind == "llama":
+        from sandbox import tinyllama
+
+        qconfig = None
+        if quant:  # the incident's checkpoint: a compressed-tensors quantization_config in config.json
+            qconfig = tinyllama.compressed_tensors_config(quant["format"])
+        tinyllama.generate(directory, quantization_config=qconfig, commit=prof["revision"], repo_name=prof["repo"])
+    else:
+        from sandbox import tinymodel
+
+        tinymodel.generate(directory, size_mb, 3, kind, commit=prof["revision"], repo_name=prof["repo"])
+    done.write_text("ok\n")
+    return directory
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -79,7 +116,11 @@ def _serves(state: dict, prof: dict, size_mb: int) -> bool:
     served = (state.get("repo"), state.get("revision"), state.get("format"), state.get("size_mb"),
               state.get("draft_repo"), state.get("draft_revision"))
     return served == (prof["repo"], prof["revision"], prof["quantization"]["format"], size_mb,
-                      draft()["repo"], draft()["revision"])
+                      draft()["repo"], draft()["revision"]) and state.get("extra") == _extra_key()
+
+
+def _extra_key() -> list[str]:
+    return [f"{p['repo']}@{p['revision']}" for p in other_profiles()]
 
 
 def start(size_mb: int = 40) -> dict:
@@ -102,6 +143,9 @@ def start(size_mb: int = 40) -> dict:
             "--ready-file", str(ready), "--throttle-file", str(THROTTLE_FILE), "--faults-file", str(FAULTS_FILE),
             "--draft-repo", extra["repo"], "--draft-commit", extra["revision"],
             "--draft-dir", str(MODEL_CACHE / f"{extra['repo'].replace('/', '--')}-{extra['revision'][:12]}")]
+    for prof_extra in other_profiles():
+        directory = _generate_profile(prof_extra, size_mb)
+        argv += ["--extra-repo", f"{prof_extra['repo']}@{prof_extra['revision']}={directory}"]
     for address in addresses:
         argv += ["--addr", address]
     log = open(STATE_DIR / "hub.log", "ab")
@@ -114,7 +158,8 @@ def start(size_mb: int = 40) -> dict:
         time.sleep(0.1)
     state = {"pid": proc.pid, "addresses": addresses, "port": HUB_PORT, "repo": prof["repo"],
              "revision": prof["revision"], "format": prof["quantization"]["format"], "size_mb": size_mb,
-             "draft_repo": extra["repo"], "draft_revision": extra["revision"], "src": str(REPO_ROOT)}
+             "draft_repo": extra["repo"], "draft_revision": extra["revision"], "src": str(REPO_ROOT),
+             "extra": _extra_key()}
     HUB_STATE.write_text(json.dumps(state))
     return state
 

@@ -3,6 +3,7 @@ inventory/sandbox_fleet.py): how pyinfra reaches it, and the offline pip wheel."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 WHEELS = Path("/var/cache/sglang-converge/wheels")
@@ -25,3 +26,17 @@ def connection_data(entry: dict) -> dict:
     if wheels:
         data["pip_wheel"] = str(wheels[-1])
     return data
+
+
+def parse_indexes(text: str) -> set[int]:
+    """ "290-299,301" -> {290, ..., 299, 301}"""
+    out: set[int] = set()
+    for part in text.replace(",", " ").split():
+        low, _, high = part.partition("-")
+        out.update(range(int(low), int(high or low) + 1))
+    return out
+
+
+def real_indexes() -> set[int]:
+    """Host indexes that run the real SGLang server (inventory/sandbox_real.py), not the stand-in."""
+    return parse_indexes(os.environ.get("SGC_REAL_INDEXES", "290-299"))

@@ -26,10 +26,13 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().with_name("nvml_sim.c")
 SONAME = "libnvidia-ml.so.1"
-CFLAGS = (
-    "-std=c11", "-O2", "-g0", "-fPIC", "-shared", "-fvisibility=hidden",
-    "-Wall", "-Wextra", "-pthread", f"-Wl,-soname,{SONAME}",
-)  # fmt: skip
+# the CUDA driver stub of the real-server hosts (libcuda_stub.c), installed apart from the system's
+# libraries: only a unit whose LD_LIBRARY_PATH names CUDA_STUB_DIR loads it
+CUDA_STUB_SRC = SRC.with_name("libcuda_stub.c")
+CUDA_STUB_SONAME = "libcuda.so.1"
+CUDA_STUB_DIR = "/usr/local/lib/sandbox-gpu/cuda"
+BASE_CFLAGS = ("-std=c11", "-O2", "-g0", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-pthread")
+CFLAGS = (*BASE_CFLAGS, f"-Wl,-soname,{SONAME}")
 APT_PACKAGES = ("gcc", "libc6-dev")  # what the build needs on a Debian machine
 
 
@@ -49,9 +52,9 @@ def guest_lib_dir() -> str:
     return f"/usr/lib/{multiarch()}"
 
 
-def digest() -> str:
-    h = hashlib.sha256(SRC.read_bytes())
-    h.update("\0".join(CFLAGS).encode())
+def digest(src: Path = SRC, cflags: tuple[str, ...] = CFLAGS) -> str:
+    h = hashlib.sha256(src.read_bytes())
+    h.update("\0".join(cflags).encode())
     return h.hexdigest()[:16]
 
 
@@ -71,22 +74,25 @@ def compiler(cc: str | None = None) -> str:
     return path
 
 
-def build(out_dir: Path | str | None = None, cc: str | None = None) -> Path:
+def build(out_dir: Path | str | None = None, cc: str | None = None, src: Path = SRC,
+          soname: str = SONAME) -> Path:
     """The compiled library (built when this source/flags digest has none yet)."""
     out = Path(out_dir) if out_dir is not None else default_cache_dir()
-    target = out / f"libnvidia-ml-{digest()}.so.1"
+    cflags = (*BASE_CFLAGS, f"-Wl,-soname,{soname}")
+    stem = soname.removesuffix(".so.1")
+    target = out / f"{stem}-{digest(src, cflags)}.so.1"
     if target.is_file():
         return target
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{target.name}.tmp-{os.getpid()}"
-    argv = [compiler(cc), *CFLAGS, "-o", str(tmp), str(SRC)]
+    argv = [compiler(cc), *cflags, "-o", str(tmp), str(src)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             hint = ""
             if "No such file" in proc.stderr and ".h" in proc.stderr:
                 hint = f"\n(C headers missing? apt-get install {' '.join(APT_PACKAGES)})"
-            raise NvmlBuildError(f"building {SRC.name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}{hint}")
+            raise NvmlBuildError(f"building {src.name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}{hint}")
         tmp.replace(target)  # atomic: concurrent builders each rename a complete file
     finally:
         tmp.unlink(missing_ok=True)
@@ -113,6 +119,18 @@ def install_into(root: Path | str, lib: Path | None = None) -> list[str]:
     tmp_link.symlink_to(SONAME)
     tmp_link.replace(link)
     return [f"{guest_lib_dir()}/{SONAME}", f"{guest_lib_dir()}/libnvidia-ml.so"]
+
+
+def install_cuda_stub_into(root: Path | str) -> str:
+    """Put the libcuda.so.1 stub into a guest root's CUDA_STUB_DIR; returns its guest path."""
+    lib = build(src=CUDA_STUB_SRC, soname=CUDA_STUB_SONAME)
+    libdir = Path(root) / CUDA_STUB_DIR.lstrip("/")
+    libdir.mkdir(parents=True, exist_ok=True)
+    tmp = libdir / f".{CUDA_STUB_SONAME}.sgc-tmp"
+    shutil.copyfile(lib, tmp)
+    os.chmod(tmp, 0o755)
+    tmp.replace(libdir / CUDA_STUB_SONAME)
+    return f"{CUDA_STUB_DIR}/{CUDA_STUB_SONAME}"
 
 
 def main(argv: list[str] | None = None) -> int:

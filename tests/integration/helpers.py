@@ -16,11 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def pyinfra(*args: str, limit: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`pyinfra -y --limit HOST inventory/sandbox.py ARGS` from the project root; output in .out."""
+def pyinfra(*args: str, limit: str, env: dict | None = None, timeout: float = 900,
+            inventory: str = "inventory/sandbox.py") -> subprocess.CompletedProcess:
+    """`pyinfra -y --limit HOST INVENTORY ARGS` from the project root; output in .out."""
     # --dry must not get -y: pyinfra then skips change detection, which prints the plan
     yes = [] if "--dry" in args else ["-y"]
-    argv = [sys.executable, "-m", "pyinfra", *yes, "--limit", limit, "inventory/sandbox.py", *args]
+    argv = [sys.executable, "-m", "pyinfra", *yes, "--limit", limit, inventory, *args]
     proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
     proc.out = proc.stdout + proc.stderr  # type: ignore[attr-defined]
@@ -104,6 +105,33 @@ def shared_converged_host(request, timings: dict[str, float]):
     assert proc.returncode == 0, proc.out
     host.converge_out = proc.out
     _SHARED["host"] = host
+    return host
+
+
+REAL_INDEX = 290  # the real-SGLang host (inventory/sandbox_real.py) the real-server tests share
+_REAL: dict = {}
+
+
+def real_pyinfra(*args: str, limit: str, env: dict | None = None, timeout: float = 1800):
+    """pyinfra(...) against inventory/sandbox_real.py (the real SGLang server's hosts)."""
+    return pyinfra(*args, limit=limit, env=env, timeout=timeout, inventory="inventory/sandbox_real.py")
+
+
+def shared_real_host(request, timings: dict[str, float], env: dict | None = None):
+    """The real-SGLang sandbox host (sgc290), booted and converged once per session by the first
+    module that asks (its output in host.converge_out), removed at the end of the session. The
+    converge installs the real server's ~8 GB venv with the deploy's own pip."""
+    host = _REAL.get("host")
+    if host is not None and host.run("true", check=False, timeout=30).returncode == 0:
+        return host
+    host = boot_extra_host(REAL_INDEX)
+    request.config.add_cleanup(lambda: remove_host(host))
+    started = time.monotonic()
+    proc = real_pyinfra("deploy.py", limit=host.name, env=env)
+    timings["converge"] = time.monotonic() - started
+    assert proc.returncode == 0, proc.out[-6000:]
+    host.converge_out = proc.out
+    _REAL["host"] = host
     return host
 
 
