@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.integration.helpers import grand_total, real_pyinfra, shared_real_host, unit_props
+from tests.integration.helpers import grand_total, real_pyinfra, shared_real_host, unit_props, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -34,9 +34,9 @@ def real(request):
 def curl(host, path: str, data: str | None = None, auth: bool = True) -> tuple[int, str]:
     body = f"-H 'content-type: application/json' -d '{data}'" if data else ""
     out = host.run(f"curl -s -w '\\n%{{http_code}}' {AUTH if auth else ''} {body} http://127.0.0.1:30000{path}",
-                   timeout=60).stdout
+                   timeout=60, check=False).stdout
     text, _, code = out.rpartition("\n")
-    return int(code), text
+    return int(code or 0), text
 
 
 def journal(host) -> str:
@@ -75,8 +75,9 @@ def test_the_gpu_steps_see_the_real_scheduler_on_its_simulated_gpu(real):
 
 def test_the_api_key_is_in_no_journal_line_while_the_server_logs_its_server_args(real):
     log = journal(real)
-    assert "server_args=" in log  # positive control: the real server logs its resolved arguments
-    assert "api_key='<redacted>'" in log, [line for line in log.splitlines() if "server_args=" in line][:1]
+    logged = [line for line in log.splitlines() if "server_args=" in line]
+    assert logged  # positive control: the real server logs its resolved arguments, the key among them
+    assert "'api_key': '<redacted>'" in logged[-1], logged[-1]
     assert API_KEY not in log
     assert API_KEY not in real.run("cat /etc/systemd/system/sglang.service /proc/[0-9]*/cmdline 2>/dev/null "
                                    "| tr '\\0' ' '").stdout
@@ -122,3 +123,54 @@ def test_a_config_the_real_server_dies_of_is_rolled_back_and_serves_again(real, 
     assert curl(real, "/v1/chat/completions", CHAT)[0] == 200
     again = real_pyinfra("deploy.py", limit=real.name, env=ENV)  # the good config: nothing to do
     assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
+
+
+DROP_IN = "/run/systemd/system/sglang.service.d/kill-mode.conf"
+INFLIGHT = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": 3500, "ignore_eos": True,
+                                                             "temperature": 0}})
+
+
+def _serves(host) -> bool:
+    return curl(host, "/health", auth=False)[0] == 200
+
+
+@pytest.mark.parametrize("kill_mode", ["control-group", "mixed"])
+def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mode):
+    """A generation is in flight when systemd stops the unit. Under KillMode=control-group every
+    process gets SIGTERM: SGLang's schedulers have no handler and die, the main process's
+    watchdog takes the tree down (SIGKILL, the unit "failed") and the request is lost. Under KillMode=mixed only the
+    main process gets it: SGLang drains (tokenizer_manager.sigterm_watchdog: "Gracefully
+    exiting...") and the request completes. The unit therefore uses KillMode=mixed."""
+    assert "KillMode=mixed" in real.run("cat /etc/systemd/system/sglang.service").stdout
+    real.run(f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '[Service]\\nKillMode={kill_mode}\\n' > {DROP_IN}"
+             " && systemctl daemon-reload")
+    try:
+        decoded = "journalctl -u sglang.service -o cat --no-pager | grep -c 'Decode batch' || true"
+        before = int(real.run(decoded).stdout.strip() or 0)
+        real.run(f"rm -f /tmp/inflight.*; (curl -s -o /tmp/inflight.json -w '%{{http_code}}' {AUTH} "
+                 f"-H 'content-type: application/json' -d '{INFLIGHT}' http://127.0.0.1:30000/generate "
+                 "> /tmp/inflight.code 2>&1 &)")
+        wait_until(lambda: int(real.run(decoded).stdout.strip() or 0) > before, 60, "the generation to decode")
+        real.run("systemctl stop sglang.service", timeout=200)
+        wait_until(lambda: real.run("test -s /tmp/inflight.code", check=False).returncode == 0, 60,
+                   "the client to finish")
+        code = real.run("cat /tmp/inflight.code").stdout.strip()
+        status = real.run("systemctl show sglang.service -p ExecMainStatus --value").stdout.strip()
+        log = real.run("journalctl -u sglang.service -o cat --no-pager -n 60").stdout
+        print(f"\nKillMode={kill_mode}: in-flight request HTTP {code}, main process exit status {status}")
+        if kill_mode == "mixed":
+            assert code == "200", (code, log[-3000:])
+            body = json.loads(real.run("cat /tmp/inflight.json").stdout)
+            assert body["meta_info"]["completion_tokens"] == 3500, body["meta_info"]
+            assert "Gracefully exiting... Remaining number of requests 1" in log, log[-3000:]
+            assert status == "0", status
+        else:
+            assert code != "200", (code, log[-3000:])  # the request was cut
+            assert "Gracefully exiting" not in log
+            # SGLang's kill_process_tree SIGKILLs its own tree, itself included: systemd records a
+            # killed main process (status 9) and the unit as failed
+            assert status in ("9", "137"), (status, log[-3000:])
+            assert "sglang.service: Failed with result" in log, log[-3000:]
+    finally:
+        real.run(f"rm -f {DROP_IN} && systemctl daemon-reload && systemctl start sglang.service", timeout=120)
+        wait_until(lambda: _serves(real), 240, "the real server to serve again")
