@@ -79,9 +79,11 @@ lint: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit
 
-## make demo: boot a sandbox GPU host and converge it (KEEP=1 leaves it running)
+## make demo: boot a sandbox GPU host and converge it (KEEP=1 leaves it running; REAL=1: the real
+## SGLang server on a sandbox host's CPU, answering a chat request)
+REAL ?= 0
 demo: setup
-	$(PY) -m sandbox.demo $(if $(filter 1,$(KEEP)),--keep,)
+	$(PY) -m sandbox.demo $(if $(filter 1,$(KEEP)),--keep,) $(if $(filter 1,$(REAL)),--real,)
 
 # ansible-core for the bench's no-op comparison only (bench/ansible/noop.yml): its own venv, not a project dependency
 ANSIBLE_CORE := ansible-core==2.19.14

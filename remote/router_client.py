@@ -3,8 +3,8 @@
 SGLang's router (sglang-router / smg) keeps its workers in memory and has a
 runtime API: POST /workers {"url"} -> 202, GET /workers, DELETE /workers/{id}.
 Removal does not wait for a worker's in-flight requests, so `drain` waits
-until the server itself is idle (/v1/loads or /get_load: num_reqs +
-num_waiting_reqs == 0) before the deploy restarts it.
+until the server itself is idle (/v1/loads: num_running_reqs +
+num_waiting_reqs == 0; older servers' /get_load: num_reqs) before the deploy restarts it.
 
     python3 router_client.py drain --router URL --worker URL --local URL [--auth-file F] --timeout 600
     python3 router_client.py register --router URL --worker URL [--worker URL ...] [--skip-unready]
@@ -111,7 +111,14 @@ def in_flight(local: str, key: str | None) -> int | None:
         loads = body if status == 200 and isinstance(body, list) else None
     if loads is None:
         return None
-    return sum(int(load.get("num_reqs", 0)) + int(load.get("num_waiting_reqs", 0)) for load in loads)
+    return sum(_requests(load) for load in loads)
+
+
+def _requests(load: dict) -> int:
+    """Running + waiting requests of one DP rank's load. sglang 0.5.23's /v1/loads says
+    num_running_reqs (srt/managers/load_snapshot.py, LoadSnapshot); older /get_load num_reqs."""
+    running = load.get("num_running_reqs", load.get("num_reqs", 0))
+    return int(running or 0) + int(load.get("num_waiting_reqs", 0) or 0)
 
 
 def drain(args) -> int:

@@ -15,6 +15,11 @@ their real output:
 
 GPUs, the model and the Hub are simulated (the output says so); ssh, systemd,
 venvs, pip, compressed-tensors and SGLang's argument parser are real.
+
+`make demo REAL=1` (--real) instead converges one host that runs the REAL SGLang
+server (sglang 0.5.23 on the guest's CPU, group_data/sandbox_real.py) serving a
+tiny random Llama, and prints its answer to a chat request; only its GPU is
+simulated. The first converge installs the ~8 GB venv (a few minutes).
 """
 
 from __future__ import annotations
@@ -54,7 +59,10 @@ def run(argv: list[str], ok_codes=(0,)) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sandbox.demo", description=__doc__)
     parser.add_argument("--keep", action="store_true", help="leave the sandbox host running")
+    parser.add_argument("--real", action="store_true", help="the real SGLang server on a sandbox host's CPU")
     args = parser.parse_args(argv)
+    if args.real:
+        return real_demo(args.keep)
     pyinfra = [sys.executable, "-m", "pyinfra"]
     timings = {}
     try:
@@ -94,6 +102,41 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             step("cleanup: the demo's sandbox host is removed (python -m sandbox down removes all)")
             sandbox_api.remove("sgc1")
+        else:
+            console.print("kept running: python -m sandbox status / python -m sandbox down")
+    return 0
+
+
+REAL_HOST_INDEX = 290
+
+
+def real_demo(keep: bool) -> int:
+    pyinfra = [sys.executable, "-m", "pyinfra", "-y", "inventory/sandbox_real.py", "deploy.py"]
+    name = sandbox_api.host_name(REAL_HOST_INDEX)
+    try:
+        step(f"1. a fresh sandbox host for the REAL SGLang server ({name}; its GPUs SIMULATED, its CPU real)")
+        host = sandbox_api.up(indexes=[REAL_HOST_INDEX])[0]
+        step("2. converge: venv with sglang 0.5.23 (~8 GB), the tiny Llama, the unit, readiness")
+        converge = run(pyinfra)
+        step("3. the same deploy again changes nothing and restarts nothing")
+        again = run(pyinfra)
+        step("4. the real server answers a chat request (random weights: the words are arbitrary)")
+        body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello"}],
+                           "max_tokens": 16, "temperature": 0})
+        # the deploy's root-only auth header file, when SGLANG_API_KEY was exported
+        auth = "A=; [ -f /etc/sglang/sglang.auth ] && A='-H @/etc/sglang/sglang.auth'; curl -sf $A"
+        out = host.run(f"{auth} -H 'content-type: application/json' -d '{body}' "
+                       "http://127.0.0.1:30000/v1/chat/completions", timeout=60).stdout
+        answer = json.loads(out)
+        console.print(answer["choices"][0]["message"])
+        info = json.loads(host.run(f"{auth} http://127.0.0.1:30000/get_server_info", timeout=60).stdout)
+        console.print(f"served by sglang {info['version']} (device {info['device']}, "
+                      f"KV pool {info['max_total_num_tokens']} tokens)")
+        console.print(f"timings: converge {converge:.1f} s, no-op {again:.1f} s")
+    finally:
+        if not keep:
+            step("cleanup: the demo's sandbox host is removed")
+            sandbox_api.remove(name)
         else:
             console.print("kept running: python -m sandbox status / python -m sandbox down")
     return 0

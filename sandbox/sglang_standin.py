@@ -1373,6 +1373,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def v1_loads(self):
         st = self.state
+        # sglang 0.5.23's LoadSnapshot core keys (srt/managers/load_snapshot.py): no num_reqs there
+        # (the real server's /v1/loads, held to it in tests/integration/test_real_server.py)
+        load = {key: value for key, value in self._load().items() if key != "num_reqs"}
+        load.update(num_waiting_uncached_tokens=0, num_total_tokens=load["num_used_tokens"],
+                    num_active_tokens=load["num_used_tokens"], max_total_num_tokens=int(st.args.fields().get("max_total_tokens") or 0),
+                    token_usage=0.0, gen_throughput=0.0, cache_hit_rate=0.0, utilization=0.0)
         return self._send(
             200,
             {
@@ -1380,7 +1386,7 @@ class Handler(BaseHTTPRequestHandler):
                 "version": st.version,
                 "accelerator": "SIMULATED",
                 "num_accelerators": st.args.tp_size,
-                "loads": [self._load()],
+                "loads": [load],
             },
         )
 

@@ -36,13 +36,20 @@ def _title() -> bytes:
         return b""
 
 
+def scheduler_rank(title: bytes) -> int | None:
+    """The TP rank of an SGLang scheduler's process title (argv[0]), None for any other process."""
+    title = title.split(b"\0")[0]
+    if not title.startswith(_TITLE):
+        return None
+    rank_match = _TP_RANK.search(title)
+    return int(rank_match.group(1)) if rank_match else 0  # no TP part: TP 1
+
+
 def _watch(mib: int) -> None:
     deadline = time.monotonic() + GIVE_UP_S
     while time.monotonic() < deadline:
-        title = _title().split(b"\0")[0]
-        if title.startswith(_TITLE):
-            rank_match = _TP_RANK.search(title)
-            rank = int(rank_match.group(1)) if rank_match else 0  # no TP part: TP 1
+        rank = scheduler_rank(_title())
+        if rank is not None:
             visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") if v.strip()]
             gpu = int(visible[rank]) if rank < len(visible) else rank
             if SIM_DIR not in sys.path:

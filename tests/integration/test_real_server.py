@@ -8,11 +8,12 @@ an API key, and shared by these tests (tests/integration/helpers.shared_real_hos
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 
-from tests.integration.helpers import grand_total, real_pyinfra, shared_real_host, unit_props, wait_until
+from tests.integration.helpers import ROOT, grand_total, real_pyinfra, shared_real_host, unit_props, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -31,9 +32,9 @@ def real(request):
     print("\nreal server timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
 
 
-def curl(host, path: str, data: str | None = None, auth: bool = True) -> tuple[int, str]:
+def curl(host, path: str, data: str | None = None, auth: bool = True, port: int = 30000) -> tuple[int, str]:
     body = f"-H 'content-type: application/json' -d '{data}'" if data else ""
-    out = host.run(f"curl -s -w '\\n%{{http_code}}' {AUTH if auth else ''} {body} http://127.0.0.1:30000{path}",
+    out = host.run(f"curl -s -w '\\n%{{http_code}}' {AUTH if auth else ''} {body} http://127.0.0.1:{port}{path}",
                    timeout=60, check=False).stdout
     text, _, code = out.rpartition("\n")
     return int(code or 0), text
@@ -174,3 +175,110 @@ def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mod
     finally:
         real.run(f"rm -f {DROP_IN} && systemctl daemon-reload && systemctl start sglang.service", timeout=120)
         wait_until(lambda: _serves(real), 240, "the real server to serve again")
+
+
+# --------------------------------------------------------------------------- the stand-in held to it
+
+PROBE_UNIT, PROBE_PORT = "sglang-standin-probe.service", 30100
+
+
+@pytest.fixture(scope="module")
+def standin(real):
+    """sandbox/sglang_standin.py on the same host, with the production unit's own command line (the
+    module swapped, port 30100) and options file, on simulated GPU 1: the same probes go to both."""
+    exec_start = real.run("systemctl show sglang.service -p ExecStart --value").stdout
+    argv = exec_start.split("argv[]=", 1)[1].split(" ;", 1)[0].split()
+    argv[argv.index("sglang.launch_server")] = "sglang_standin"
+    argv[argv.index("--port") + 1] = str(PROBE_PORT)
+    real.run(f"systemctl reset-failed {PROBE_UNIT} 2>/dev/null; systemd-run --unit {PROBE_UNIT} -p KillMode=mixed "
+             "--setenv=PYTHONPATH=/usr/local/lib/sandbox-gpu --setenv=SANDBOX_LOAD_SECONDS=3 "
+             f"--setenv=CUDA_VISIBLE_DEVICES=1 {' '.join(argv)}")
+    wait_until(lambda: curl(real, "/health", auth=False, port=PROBE_PORT)[0] == 200, 120, "the stand-in to serve")
+    yield real
+    real.run(f"systemctl stop {PROBE_UNIT}; systemctl reset-failed {PROBE_UNIT} 2>/dev/null; true", timeout=60)
+
+
+def both(host, path: str, data: str | None = None, auth: bool = True) -> tuple[tuple[int, str], tuple[int, str]]:
+    return curl(host, path, data, auth), curl(host, path, data, auth, port=PROBE_PORT)
+
+
+def test_conformance_health_models_and_the_key(standin):
+    for path, auth in (("/health", False), ("/health", True), ("/v1/models", True), ("/v1/models", False)):
+        (real_code, real_body), (sim_code, sim_body) = both(standin, path, auth=auth)
+        assert real_code == sim_code, (path, auth, real_code, real_body, sim_code, sim_body)
+    real_models, sim_models = (json.loads(body) for _, body in both(standin, "/v1/models"))
+    assert real_models["object"] == sim_models["object"] == "list"
+    real_card, sim_card = real_models["data"][0], sim_models["data"][0]
+    assert set(real_card) == set(sim_card), (real_card, sim_card)
+    assert {k: real_card[k] for k in ("id", "object", "owned_by", "root", "max_model_len")} == \
+        {k: sim_card[k] for k in ("id", "object", "owned_by", "root", "max_model_len")}
+
+
+def test_conformance_server_info(standin):
+    real_info, sim_info = (json.loads(body) for _, body in both(standin, "/get_server_info"))
+    missing = sorted(set(sim_info) - set(real_info) - {"simulated"})
+    assert missing == [], f"the stand-in's /get_server_info has keys the real server's lacks: {missing}"
+    for key in ("tp_size", "served_model_name", "model_path", "context_length", "attention_backend", "device",
+                "version", "api_key", "max_total_tokens", "host"):
+        assert sim_info.get(key) == real_info.get(key), (key, sim_info.get(key), real_info.get(key))
+    assert sim_info["simulated"] is True and "simulated" not in real_info
+
+
+def test_conformance_loads_the_drain_reads(standin):
+    """membership.drain waits on /v1/loads (num_running_reqs + num_waiting_reqs): same shape on both.
+    Found here: sglang 0.5.23 has no num_reqs there (the stand-in had it, and the drain counted it)."""
+    real_loads, sim_loads = (json.loads(body) for _, body in both(standin, "/v1/loads"))
+    assert set(sim_loads) <= set(real_loads), (sim_loads, real_loads)
+    real_load, sim_load = real_loads["loads"][0], sim_loads["loads"][0]
+    assert set(sim_load) <= set(real_load), (sim_load, real_load)
+    assert {"num_running_reqs", "num_waiting_reqs"} <= set(real_load)
+
+
+def test_conformance_chat_completion_shape(standin):
+    real_answer, sim_answer = (json.loads(body) for _, body in both(standin, "/v1/chat/completions", CHAT))
+    assert set(sim_answer) <= set(real_answer), (sim_answer, real_answer)
+    assert set(sim_answer["choices"][0]) <= set(real_answer["choices"][0])
+    assert set(sim_answer["usage"]) <= set(real_answer["usage"])
+    assert real_answer["model"] == sim_answer["model"] == "tiny-llama"
+
+
+def test_conformance_start_and_ready_log_lines(standin):
+    real_log = journal(standin)
+    sim_log = standin.run(f"journalctl -u {PROBE_UNIT} --no-pager -o cat", timeout=60).stdout
+    for line in ("The server is fired up and ready to roll!", "server_args=", "Load weight end."):
+        assert line in real_log and line in sim_log, (line, sim_log[-2000:])
+    assert API_KEY not in sim_log and API_KEY not in real_log
+
+
+# --------------------------------------------------------------------------- the incident, on the real server
+
+CT_MODEL = ("--data", "model=sandbox-real-llama-ct")  # config.json: compressed-tensors pack-quantized
+
+
+def test_the_incident_on_the_real_server_and_the_deploy_that_fixes_it(real):
+    """1. The compressed-tensors checkpoint with the venv's compressed-tensors 0.18.0: SGLang 0.5.23
+    on a CPU loads no compressed-tensors scheme (compressed_tensors.py, _check_scheme_supported asks
+    torch.cuda for the device capability): readiness fails with that line. 2. compressed-tensors
+    0.8.1 put back by hand (the incident's venv): the real server dies of SGLang's own
+    `AttributeError: nvfp4_pack_quantized`, which the readiness script reports as the cause.
+    3. The deploy of the good profile upgrades compressed-tensors to what SGLang requires and serves."""
+    proc = real_pyinfra("deploy.py", *CT_MODEL, limit=real.name, env=ENV)
+    assert proc.returncode != 0, proc.out[-4000:]
+    assert "RuntimeError: Found no NVIDIA driver on your system" in proc.out, proc.out[-4000:]
+    assert "_check_scheme_supported" in proc.out
+    real.run("/opt/sglang/venv/bin/python -m pip install -q --no-deps compressed-tensors==0.8.1", timeout=300)
+    script = (ROOT / "remote" / "wait_ready.py").read_bytes()
+    real.run(f"echo {base64.b64encode(script).decode()} | base64 -d > /tmp/wait_ready.py")
+    real.run("systemctl restart sglang.service", timeout=120)
+    wait = real.run("python3 /tmp/wait_ready.py --unit sglang.service --url http://127.0.0.1:30000 "
+                    "--served-name tiny-llama --timeout 240", check=False, timeout=300)
+    assert wait.returncode == 1, wait.stdout[-3000:]
+    assert "cause: AttributeError: nvfp4_pack_quantized" in wait.stdout, wait.stdout[-3000:]
+    fixed = real_pyinfra("deploy.py", limit=real.name, env=ENV)
+    assert fixed.returncode == 0, fixed.out[-5000:]
+    assert "0.8.1" in fixed.out and "0.18.0" in fixed.out, fixed.out[-5000:]
+    assert "ready: sglang.service serves tiny-llama" in fixed.out
+    version = real.run("/opt/sglang/venv/bin/python -c 'import importlib.metadata as m; "
+                       "print(m.version(\"compressed-tensors\"))'").stdout.strip()
+    assert version == "0.18.0"
+    assert curl(real, "/v1/chat/completions", CHAT)[0] == 200

@@ -218,7 +218,8 @@ class FakeRouter:
                     return self.reply(200, {"workers": list(fake.workers.values()), "total": len(fake.workers)})
                 if self.path == "/v1/loads":
                     n = fake.in_flight.pop(0) if len(fake.in_flight) > 1 else fake.in_flight[0]
-                    return self.reply(200, {"loads": [{"num_reqs": n, "num_waiting_reqs": 0}]})
+                    # sglang 0.5.23's shape (LoadSnapshot): num_running_reqs, no num_reqs
+                    return self.reply(200, {"loads": [{"num_running_reqs": n, "num_waiting_reqs": 0}]})
                 if self.path == "/health":
                     return self.reply(200, {})
                 return self.reply(404, {})

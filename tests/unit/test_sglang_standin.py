@@ -387,10 +387,10 @@ def test_ready_flow_endpoints_api_key_and_graceful_sigterm(bed):
     loads = None
     while time.time() < deadline:
         loads = http("GET", base + "/v1/loads", key=key)[1]["loads"][0]
-        if loads["num_reqs"] >= 1:
+        if loads["num_running_reqs"] >= 1:
             break
         time.sleep(0.02)
-    assert loads["num_reqs"] == 1 and loads["num_waiting_reqs"] == 0
+    assert loads["num_running_reqs"] == 1 and loads["num_waiting_reqs"] == 0 and "num_reqs" not in loads
     assert http("GET", base + "/get_load", key=key)[1][0]["num_reqs"] == 1
     os.kill(proc.pid, signal.SIGTERM)
     t.join(10)

@@ -1,0 +1,92 @@
+"""The real-server sandbox pieces that run without a host: the tiny Llama (sandbox/tinyllama.py),
+the Hub serving every sandbox profile (sandbox/hubd.py), the GPU shim's title parsing
+(sandbox/realshim/sitecustomize.py) and the libcuda.so.1 stub (sandbox/nvml/libcuda_stub.c)."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import struct
+from pathlib import Path
+
+from sandbox import hubd, tinyllama
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _header(path: Path) -> dict:
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + length])
+
+
+def test_the_tiny_llama_is_deterministic_and_well_formed(tmp_path):
+    first, second = tinyllama.generate(tmp_path / "a"), tinyllama.generate(tmp_path / "b")
+    assert first.commit == second.commit and first.files == second.files
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    header = _header(tmp_path / "a" / "model.safetensors")
+    h, v = tinyllama.DIMS["hidden_size"], tinyllama.DIMS["vocab_size"]
+    embed = header["model.embed_tokens.weight"]
+    assert (embed["dtype"], embed["shape"], embed["data_offsets"][1] - embed["data_offsets"][0]) == \
+        ("BF16", [v, h], v * h * 2)
+    assert header["model.layers.1.self_attn.k_proj.weight"]["shape"] == [32, h]  # 2 KV heads x head_dim 16
+    size = (tmp_path / "a" / "model.safetensors").stat().st_size
+    assert size == 8 + struct.unpack("<Q", (tmp_path / "a" / "model.safetensors").read_bytes()[:8])[0] + max(
+        t["data_offsets"][1] for k, t in header.items() if k != "__metadata__")
+
+
+def test_the_tokenizer_is_trained_here_and_round_trips(tmp_path):
+    from tokenizers import Tokenizer
+
+    tinyllama.generate(tmp_path)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.get_vocab_size() == tinyllama.DIMS["vocab_size"]
+    ids = tok.encode("Hello world, the server is ready").ids
+    assert tok.decode(ids) == "Hello world, the server is ready"
+    assert tok.token_to_id("<|eos|>") == 2  # eos_token_id in config.json
+
+
+def test_the_incident_checkpoint_says_compressed_tensors(tmp_path):
+    qconfig = tinyllama.compressed_tensors_config("pack-quantized")
+    info = tinyllama.generate(tmp_path, quantization_config=qconfig)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert config["quantization_config"]["format"] == "pack-quantized"
+    assert info.commit != tinyllama.generate(tmp_path / "plain").commit
+
+
+def test_the_hub_serves_every_sandbox_profile():
+    repos = {p["repo"] for p in hubd.other_profiles()} | {hubd.profile()["repo"], hubd.draft()["repo"]}
+    import yaml
+
+    for path in sorted((ROOT / "models").glob("sandbox-*.yaml")):
+        assert yaml.safe_load(path.read_text())["repo"] in repos, path.name
+    assert {"sandbox/tiny-llama", "sandbox/tiny-llama-ct", "sandbox/tiny-kimi-nvfp4"} <= repos
+
+
+def _shim():
+    spec = importlib.util.spec_from_file_location("realshim", ROOT / "sandbox" / "realshim" / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # inactive: SANDBOX_GPU_SHIM_MIB unset
+    return module
+
+
+def test_the_gpu_shim_knows_sglangs_scheduler_titles():
+    rank = _shim().scheduler_rank
+    assert rank(b"sglang::scheduler\0") == 0  # TP 1: no TP part (scheduler.py adds " TP<n>" for tp > 1)
+    assert rank(b"sglang::scheduler_TP3\0") == 3
+    assert rank(b"sglang::scheduler_DP1_TP6_EP6\0") == 6
+    assert rank(b"sglang::detokenizer\0") is None
+    assert rank(b"/opt/sglang/venv/bin/python\0-m\0sglang::scheduler_TP1\0") is None  # argv[0] only
+
+
+def test_the_libcuda_stub_answers_no_device():
+    from sandbox.nvml import build
+
+    lib = ctypes.CDLL(str(build.build(src=build.CUDA_STUB_SRC, soname=build.CUDA_STUB_SONAME)))
+    assert lib.cuInit(0) == 100  # CUDA_ERROR_NO_DEVICE
+    assert lib.cuPointerGetAttribute(None, 0, ctypes.c_ulonglong(0)) == 100
+    count = ctypes.c_int(7)
+    assert lib.cuDeviceGetCount(ctypes.byref(count)) == 100 and count.value == 0
