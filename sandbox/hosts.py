@@ -345,13 +345,20 @@ def _cgroup_dirs(name: str) -> list[Path]:
     return [root / cgroup_name(name) for root in cgroup_roots()]
 
 
+def _cgroup_subdirs(path: Path) -> list[Path]:
+    """Every directory under path, deepest first. os.walk, not Path.rglob: a session scope that
+    systemd removes during the walk is skipped (rglob raised FileNotFoundError in CI)."""
+    dirs = [Path(top) / d for top, names, _ in os.walk(path) for d in names]
+    return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
+
+
 def _cgroup_pids(path: Path) -> set[int]:
     pids: set[int] = set()
     if not path.is_dir():
         return pids
-    for procs in path.rglob("cgroup.procs"):
+    for d in [path, *_cgroup_subdirs(path)]:
         try:
-            pids.update(int(p) for p in procs.read_text().split())
+            pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
         except OSError:
             pass
     return pids
@@ -360,8 +367,7 @@ def _cgroup_pids(path: Path) -> set[int]:
 def _rmdir_tree(path: Path) -> None:
     if not path.is_dir():
         return
-    dirs = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
-    for d in [*dirs, path]:
+    for d in [*_cgroup_subdirs(path), path]:
         for _ in range(50):
             try:
                 d.rmdir()

@@ -26,8 +26,9 @@ C. from the first generation request on: TokenizerManager.auto_create_handle_loo
    /health_generate and /ready answer 503 and new generation requests are
    still accepted (and drained).
 
-That is SIGTERM to the main process alone (kill PID; KillMode=mixed). The deploy's
-unit has KillMode=control-group: systemd sends SIGTERM to every process of the
+That is SIGTERM to the main process alone (kill PID; KillMode=mixed, the deploy's
+unit since the real server showed it: tests/integration/test_real_server.py).
+Under KillMode=control-group systemd sends SIGTERM to every process of the
 unit at once, and the schedulers, which install no handler, die at once; the
 main process's SubprocessWatchdog (utils/watchdog.py, 1 s poll) then SIGQUITs
 it, running_phase_sigquit_handler kills the tree and itself (SIGKILL): no drain,

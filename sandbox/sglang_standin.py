@@ -50,7 +50,7 @@ code from the venv wherever that code runs without a GPU:
    SubprocessWatchdog) with the same end;
 4. HTTP (stdlib): /health* 503 while "loading" then 200, /v1/models,
    /server_info (and /get_server_info: the arguments under SGLang's own
-   names, the speculative_* settings included), /model_info, /v1/loads, /get_load, /version, /metrics,
+   names, the speculative_* settings included), /model_info, /v1/loads, /version, /metrics,
    /generate, /v1/chat/completions (plain and SSE), /v1/completions,
    --api-key enforced like SGLang;
    SIGTERM as SGLang 0.5.23 meets it (sandbox/sglang_sigterm.py): while loading
@@ -58,8 +58,8 @@ code from the venv wherever that code runs without a GPU:
    "SIGTERM received. ..." and its watchdog, polling every 5 s from that
    request, drains the requests ("Gracefully exiting... Remaining number of
    requests N. ..."), with /health 503 meanwhile, stops the ranks, exit 0.
-   The ranks have no SIGTERM handler: SIGTERM to all (systemd's KillMode=
-   control-group) kills them, then the watchdog below ends the main process;
+   The ranks have no SIGTERM handler: SIGTERM to all (KillMode=control-group;
+   the deploy's unit has KillMode=mixed) kills them, then the watchdog below ends the main process;
 5. multi-node (--nnodes N): ranks really rendezvous over TCP at
    --dist-init-addr; rank 0 is ready only when all ranks joined; ranks
    >= 1 serve only SGLang's dummy health server (/health, /health_generate,
@@ -840,8 +840,8 @@ def run_rank(cfg: dict, conn) -> None:
     SIGQUIT goes to the main process, as in SGLang."""
     _die_with_parent()
     # SIGTERM: the default action, as SGLang's schedulers install no handler (scheduler.py;
-    # mem_cache/allocator/unified_sub_pool.py says so). systemd's KillMode=control-group
-    # sends it to every process of the unit at once: the ranks die, the main process's
+    # mem_cache/allocator/unified_sub_pool.py says so). Under KillMode=control-group (not the
+    # deploy's unit: it has mixed) systemd sends it to every process at once: the ranks die, the main process's
     # SubprocessWatchdog (start_watchdog) sees it and SIGQUITs itself, no drain.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(cfg["log_level"], prefix=f" TP{cfg['tp_rank']}")
@@ -1185,7 +1185,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _access(self, code: int) -> None:
         path = self.path.split("?", 1)[0]
-        if path.startswith(("/health", "/metrics", "/get_load", "/v1/loads", "/ping")):
+        if path.startswith(("/health", "/metrics", "/v1/loads", "/ping")):
             return
         host, port = self.client_address[:2]
         try:
@@ -1313,7 +1313,12 @@ class Handler(BaseHTTPRequestHandler):
         info.update(
             {
                 "startup_time": st.startup_time,
-                "internal_states": [self._load(dp=True)],
+                # per DP rank: the resolved server args and the scheduler's topology keys
+                # (srt/managers/scheduler_components/internal_state.py, get_internal_state)
+                "internal_states": [{**st.args.json_fields(), "world_size": st.args.tp_size,
+                                     "startup_time": st.startup_time,
+                                     "effective_max_running_requests_per_dp": 1024,
+                                     "last_gen_throughput": 0.0}],
                 "version": st.version,
                 "frontend": "python",
                 "simulated": True,
@@ -1353,32 +1358,19 @@ class Handler(BaseHTTPRequestHandler):
             "Please use '/model_info' instead.", err=True)
         return self.model_info()
 
-    def _load(self, dp: bool = False) -> dict:
-        st = self.state
-        n = st.inflight
-        load = {
-            "dp_rank": 0,
-            "timestamp": time.time(),
-            "num_reqs": n,
-            "num_running_reqs": n,
-            "num_waiting_reqs": 0,
-            "num_tokens": n * 64,
-            "num_used_tokens": n * 64,
-            "max_running_requests": 1024,
-        }
-        return load
-
-    def get_load(self):
-        return self._send(200, [self._load()])
-
     def v1_loads(self):
         st = self.state
-        # sglang 0.5.23's LoadSnapshot core keys (srt/managers/load_snapshot.py): no num_reqs there
-        # (the real server's /v1/loads, held to it in tests/integration/test_real_server.py)
-        load = {key: value for key, value in self._load().items() if key != "num_reqs"}
-        load.update(num_waiting_uncached_tokens=0, num_total_tokens=load["num_used_tokens"],
-                    num_active_tokens=load["num_used_tokens"], max_total_num_tokens=int(st.args.fields().get("max_total_tokens") or 0),
-                    token_usage=0.0, gen_throughput=0.0, cache_hit_rate=0.0, utilization=0.0)
+        n = st.inflight
+        # sglang 0.5.23's LoadSnapshot core keys (srt/managers/load_snapshot.py, _CORE_KEYS): no
+        # num_reqs or num_tokens, and no /get_load route at all (held to the real server's /v1/loads
+        # in tests/integration/test_real_server.py)
+        load = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": n, "num_waiting_reqs": 0,
+                "num_waiting_uncached_tokens": 0, "num_used_tokens": n * 64, "num_total_tokens": n * 64,
+                "num_active_tokens": n * 64, "num_prealloc_ready_tokens": 0,
+                "max_total_num_tokens": int(st.args.fields().get("max_total_tokens") or 0),
+                "max_running_requests": 1024, "token_usage": 0.0, "gen_throughput": 0.0,
+                "cache_hit_rate": 0.0, "utilization": 0.0, "total_prefill_uncached_tokens": 0,
+                "total_prefill_busy_us": 0}
         return self._send(
             200,
             {
@@ -1593,7 +1585,6 @@ ROUTES = {
     ("GET", "/get_server_info"): Handler.get_server_info,
     ("GET", "/model_info"): Handler.model_info,
     ("GET", "/get_model_info"): Handler.get_model_info,
-    ("GET", "/get_load"): Handler.get_load,
     ("GET", "/v1/loads"): Handler.v1_loads,
     ("GET", "/version"): Handler.version,
     ("GET", "/metrics"): Handler.metrics,

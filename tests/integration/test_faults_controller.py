@@ -200,12 +200,13 @@ def restart_due(settings, label: str) -> str:
 def generation_in_flight(host) -> None:
     """A generation request that takes GEN_DELAY_S, running when this returns: a stop of
     the server that drains (KillMode=mixed, see test_fault_during_a_restart) waits for it."""
-    host.run("key=$(sed -n 's/^api-key: *//p' /etc/sglang/sglang.yaml 2>/dev/null | tr -d \"\\\"'\"); "
-             "setsid curl -s -m 120 ${key:+-H \"Authorization: Bearer $key\"} -H 'Content-Type: application/json' "
+    key = "key=$(sed -n 's/^api-key: *//p' /etc/sglang/sglang.yaml 2>/dev/null | tr -d \"\\\"'\"); "
+    auth = '${key:+-H "Authorization: Bearer $key"}'
+    host.run(f"{key}setsid curl -s -m 120 {auth} -H 'Content-Type: application/json' "
              f"-d '{{\"text\": \"hi\", \"sampling_params\": {{\"max_new_tokens\": 1}}}}' {URL}/generate "
              ">/dev/null 2>&1 </dev/null &")
-    wait_until(lambda: '"num_running_reqs": 1' in host.run(f"curl -s {URL}/get_load", check=False).stdout, 10,
-               "the generation request to be in flight")
+    wait_until(lambda: '"num_running_reqs": 1' in host.run(f"{key}curl -s {auth} {URL}/v1/loads", check=False).stdout,
+               10, "the generation request to be in flight")
 
 
 # --------------------------------------------------------------------------- checks of the checks

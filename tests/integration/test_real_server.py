@@ -226,12 +226,15 @@ def test_conformance_server_info(standin):
 
 def test_conformance_loads_the_drain_reads(standin):
     """membership.drain waits on /v1/loads (num_running_reqs + num_waiting_reqs): same shape on both.
-    Found here: sglang 0.5.23 has no num_reqs there (the stand-in had it, and the drain counted it)."""
+    Found here: sglang 0.5.23 has no num_reqs or num_tokens there and no /get_load route (the stand-in
+    had all three, and the drain counted num_reqs)."""
     real_loads, sim_loads = (json.loads(body) for _, body in both(standin, "/v1/loads"))
     assert set(sim_loads) <= set(real_loads), (sim_loads, real_loads)
     real_load, sim_load = real_loads["loads"][0], sim_loads["loads"][0]
     assert set(sim_load) <= set(real_load), (sim_load, real_load)
     assert {"num_running_reqs", "num_waiting_reqs"} <= set(real_load)
+    (real_code, _), (sim_code, _) = both(standin, "/get_load")
+    assert real_code == sim_code == 404, (real_code, sim_code)
 
 
 def test_conformance_chat_completion_shape(standin):

@@ -378,7 +378,7 @@ def test_ready_flow_endpoints_api_key_and_graceful_sigterm(bed):
     status, body = http("POST", base + "/v1/completions", key=key, body={"prompt": "Hello", "max_tokens": 2})
     assert status == 200 and body["object"] == "text_completion"
 
-    # in-flight requests show in /v1/loads and /get_load; SIGTERM lets them finish
+    # in-flight requests show in /v1/loads (sglang 0.5.23 has no /get_load); SIGTERM lets them finish
     results: list = []
     t = threading.Thread(target=lambda: results.append(http(
         "POST", base + "/generate", key=key, body={"text": "slow", "sampling_params": {}})))
@@ -391,7 +391,7 @@ def test_ready_flow_endpoints_api_key_and_graceful_sigterm(bed):
             break
         time.sleep(0.02)
     assert loads["num_running_reqs"] == 1 and loads["num_waiting_reqs"] == 0 and "num_reqs" not in loads
-    assert http("GET", base + "/get_load", key=key)[1][0]["num_reqs"] == 1
+    assert http("GET", base + "/get_load", key=key)[0] == 404
     os.kill(proc.pid, signal.SIGTERM)
     t.join(10)
     assert results and results[0][0] == 200  # the in-flight request completed

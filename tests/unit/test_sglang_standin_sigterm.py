@@ -39,7 +39,7 @@ def test_sigterm_after_ready_drains_at_the_watchdogs_tick(bed):
     slow = threading.Thread(target=lambda: results.append(http("POST", base + "/generate", timeout=60,
                                                                body={"text": "slow", "sampling_params": {}})))
     slow.start()
-    while http("GET", base + "/get_load")[1][0]["num_reqs"] < 1:
+    while http("GET", base + "/v1/loads")[1]["loads"][0]["num_running_reqs"] < 1:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGTERM)
     proc.wait_for(SIGTERM_LINE)
@@ -139,7 +139,7 @@ def test_sigterm_to_every_process_like_systemd_kills_the_ranks_and_no_drain(bed)
 
     t = threading.Thread(target=slow)
     t.start()
-    while http("GET", base + "/get_load")[1][0]["num_reqs"] < 1:
+    while http("GET", base + "/v1/loads")[1]["loads"][0]["num_running_reqs"] < 1:
         time.sleep(0.02)
     ranks = [int(c) for task in Path(f"/proc/{proc.pid}/task").iterdir()
              for c in (task / "children").read_text().split()

@@ -445,7 +445,12 @@ def test_the_stand_in_fails_like_sglang_on_a_missing_draft(bed, tmp_path):
 
 
 def test_the_sandbox_hub_is_restarted_to_serve_the_draft_of_the_eagle3_profile():
-    state = {"repo": "sandbox/tiny-kimi-int4", "revision": REVISION, "format": "pack-quantized", "size_mb": 40}
+    state = {"repo": "sandbox/tiny-kimi-int4", "revision": REVISION, "format": "pack-quantized", "size_mb": 40,
+             "extra": hubd._extra_key()}
     profile = hubd.profile()
     assert not hubd._serves(state, profile, 40)  # a hub started without the draft is restarted
-    assert hubd._serves({**state, "draft_repo": DRAFT_REPO, "draft_revision": DRAFT_REVISION}, profile, 40)
+    with_draft = {**state, "draft_repo": DRAFT_REPO, "draft_revision": DRAFT_REVISION}
+    assert hubd._serves(with_draft, profile, 40)
+    # a hub started before the real-server profiles existed does not serve their repos: restarted
+    assert "sandbox/tiny-llama@" + "11a3a11a3a11a3a11a3a11a3a11a3a11a3a11a3a" in hubd._extra_key()
+    assert not hubd._serves({**with_draft, "extra": []}, profile, 40)
