@@ -273,7 +273,7 @@ def test_the_incident_on_the_real_server_and_the_deploy_that_fixes_it(real):
     assert "RuntimeError: Found no NVIDIA driver on your system" in proc.out, proc.out[-4000:]
     assert "_check_scheme_supported" in proc.out
     real.run("/opt/sglang/venv/bin/python -m pip install -q --no-deps compressed-tensors==0.8.1", timeout=300)
-    assert real.run(f"{CT_VERSION}").stdout.strip() == "0.8.1"
+    assert real.run(CT_VERSION).stdout.strip() == "0.8.1"
     script = (ROOT / "remote" / "wait_ready.py").read_bytes()
     real.run(f"echo {base64.b64encode(script).decode()} | base64 -d > /tmp/wait_ready.py")
     real.run("systemctl restart sglang.service", timeout=120)
