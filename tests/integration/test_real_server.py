@@ -11,10 +11,16 @@ from __future__ import annotations
 import base64
 import json
 import re
+import runpy
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
-from tests.integration.helpers import ROOT, grand_total, real_pyinfra, shared_real_host, unit_props, wait_until
+from tests.integration.clients import Clients
+from tests.integration.helpers import (ROOT, boot_extra_host, grand_total, real_pyinfra, remove_host, shared_real_host,
+                                       unit_props, wait_until)
 
 pytestmark = pytest.mark.sandbox
 
@@ -289,3 +295,71 @@ def test_the_incident_on_the_real_server_and_the_deploy_that_fixes_it(real):
     assert "ready: sglang.service serves tiny-llama" in fixed.out
     assert real.run(CT_VERSION).stdout.strip() == "0.18.0"
     assert curl(real, "/v1/chat/completions", CHAT)[0] == 200
+
+
+# --------------------------------------------------------------------------- behind the real router
+
+ROUTER_INDEX = 291
+
+
+def router_call(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body else None,
+                                     headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, {}
+
+
+def healthy(router_url: str) -> list[str]:
+    return sorted(w["url"] for w in router_call(router_url + "/workers")[1].get("workers", []) if w["is_healthy"])
+
+
+def prefill_batches(host) -> int:
+    out = host.run("journalctl -u sglang.service -o cat --no-pager | grep -c 'Prefill batch' || true").stdout
+    return int(out.strip() or 0)
+
+
+def test_restarts_behind_the_real_router_under_load_fail_no_request(request, standin, tmp_path):
+    """sglang-router 0.3.2 (the routers group, on sgc291) in front of the real server and of the
+    stand-in probe beside it (registered by hand). Two clients send chat requests through the router
+    while the deploy changes the real server's environment and back: each run takes the real server
+    out of the router, waits for its in-flight requests (/v1/loads), restarts it, waits for ready and
+    registers it again. Not one request fails, and the restarted real server serves again."""
+    real = standin
+    router = boot_extra_host(ROUTER_INDEX)
+    request.addfinalizer(lambda: remove_host(router))
+    env = {**ENV, "SGC_REAL_ROUTER": router.name}
+    router_url = f"http://{router.address}:30000"
+    worker, probe = f"http://{real.address}:30000", f"http://{real.address}:{PROBE_PORT}"
+    proc = real_pyinfra("deploy.py", limit=router.name, env=env)  # installs the router, registers the ready server
+    assert proc.returncode == 0, proc.out[-5000:]
+    assert healthy(router_url) == [worker], proc.out[-3000:]
+    assert router_call(router_url + "/workers", "POST", {"url": probe, "api_key": API_KEY})[0] in (200, 201, 202)
+    wait_until(lambda: healthy(router_url) == sorted([worker, probe]), 60, "both workers healthy in the router")
+    before = unit_props(real, "sglang.service")["MainPID"]
+    changed = {**runpy.run_path(str(ROOT / "group_data" / "sandbox_real.py"))["extra_env"], "SGC_ROUTER_TEST": "1"}
+    (tmp_path / "sandbox_real.py").write_text(f"extra_env = {changed!r}\n")
+    runs = []
+    with Clients(router_url, model="tiny-llama", api_key=API_KEY) as clients:
+        wait_until(lambda: clients.sent >= 10, 60, "traffic through the router before the first drain")
+        for args in (("--group-data", str(tmp_path)), ()):  # the change, then back to the repo's settings
+            started = time.monotonic()
+            runs.append(real_pyinfra("deploy.py", *args, limit=real.name, env=env))
+            runs[-1].seconds = time.monotonic() - started
+            prefills = prefill_batches(real)
+            wait_until(lambda seen=prefills: prefill_batches(real) > seen, 60, "the router to send the restarted server requests")
+    for run in runs:
+        assert run.returncode == 0, run.out[-5000:]
+        for row in (f"Router: drain | {worker} out of the router before a restart", "Service | sglang.service "
+                    "running the wanted config", f"Router: register | {worker} in the router"):
+            assert re.search(re.escape(row) + r" +1 +1 ", run.out), (row, run.out[-5000:])  # 1 host, 1 success
+        assert f"registered: {worker} is in the router at {router_url}, healthy" in run.out
+    assert unit_props(real, "sglang.service")["MainPID"] != before
+    stats = clients.percentiles()
+    print(f"\nreal server behind the real router: 2 restarts in {runs[0].seconds:.0f} s and {runs[1].seconds:.0f} s, "
+          f"{clients.sent} requests ({len(clients.threads)} clients), {len(clients.failures)} failed; latency "
+          f"p50 {stats['p50'] * 1000:.0f} ms, p95 {stats['p95'] * 1000:.0f} ms, p99 {stats['p99'] * 1000:.0f} ms")
+    assert clients.failures == [], clients.failures[:5]
+    assert healthy(router_url) == sorted([worker, probe])

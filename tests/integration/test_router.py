@@ -4,20 +4,15 @@ clients send chat requests through the router loses no request; a router
 restart gets its workers registered again."""
 
 import json
-import statistics
-import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 import pytest
 
+from tests.integration.clients import CLIENTS, Clients
 from tests.integration.fleet_helpers import ROUTER, ROUTER_URL, SERVERS, fleet, override, rollout, started_us, summary
 
 pytestmark = pytest.mark.sandbox
-
-CLIENTS = 2
 
 
 @pytest.fixture(scope="module")
@@ -28,54 +23,6 @@ def hosts(request):
 def healthy_workers(router_host) -> list[str]:
     body = json.loads(router_host.run("curl -s localhost:30000/workers").stdout)
     return sorted(w["url"] for w in body["workers"] if w["is_healthy"])
-
-
-class Clients:
-    """CLIENTS threads sending chat requests through the router until stopped."""
-
-    def __init__(self, url: str, count: int = CLIENTS):
-        self.url = url
-        self.stop = threading.Event()
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(count)]
-
-    def loop(self):
-        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
-                           "max_tokens": 16}).encode()
-        while not self.stop.is_set():
-            request = urllib.request.Request(self.url + "/v1/chat/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-            started = time.monotonic()
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    answer = json.loads(response.read())
-                    ok = response.status == 200 and answer["choices"][0]["message"]["content"]
-                    error = None if ok else f"{response.status}: {answer}"
-            except urllib.error.HTTPError as err:
-                error = f"HTTP {err.code}: {err.read()[:200]!r}"
-            except Exception as err:  # noqa: BLE001
-                error = f"{type(err).__name__}: {err}"
-            with self.lock:
-                if error:
-                    self.failures.append(error)
-                else:
-                    self.latencies.append(time.monotonic() - started)
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
-
-    def percentiles(self) -> dict[str, float]:
-        q = statistics.quantiles(sorted(self.latencies), n=100, method="inclusive")
-        return {"p50": q[49], "p95": q[94], "p99": q[98]}
 
 
 def test_rolling_restart_through_the_router_fails_no_request(hosts, tmp_path):
