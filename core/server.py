@@ -32,6 +32,13 @@ if TYPE_CHECKING:
 WAIT_SCRIPT = REMOTE_SRC_DIR / "wait_ready.py"  # run on the host by the readiness steps
 
 
+def start_progress_args(spec: Spec) -> list[str]:
+    """wait_ready.py's start-progress flags: this host's TP ranks, and the stall bound (start_stall_s)."""
+    per_node = max(spec.tp_size // spec.nnodes, 1)
+    args = ["--ranks", str(per_node), "--first-rank", str(spec.node_rank * per_node)]
+    return args + (["--stall", str(spec.start_stall_s)] if spec.start_stall_s else [])
+
+
 def local_url(spec: Spec) -> str:
     """Where the server answers on its own host."""
     return local_http_url(spec.listen_host, spec.listen_port)

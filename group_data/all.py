@@ -46,6 +46,9 @@ extra_server_args = []    # SGLang flags appended after the model profile's
 unit_name = "sglang.service"            # systemd unit (ends .service)
 server_module = "sglang.launch_server"  # run as `venv/bin/python -m <server_module>`
 readiness_timeout_s = 3600  # seconds to wait for /health 200 (big models load for tens of minutes)
+start_stall_s = 900         # a start with no progress this long fails (no new SGLang log line on any rank and
+                            # no change of GPU memory; a 595 GB load moves GPU memory throughout, and the
+                            # longest silent step, a first start's kernel JIT, takes minutes); None: no check
 rollback_on_failure = True  # a restart that fails readiness puts the last good config back (files; not
                             # packages or model revision), restarts it, and still fails the run ("rolled back:")
 

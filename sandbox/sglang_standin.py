@@ -48,7 +48,8 @@ code from the venv wherever that code runs without a GPU:
    like SGLang's launch-phase SIGQUIT handler (engine.py); a rank that dies
    later is noticed within a second (sglang/srt/utils/watchdog.py,
    SubprocessWatchdog) with the same end;
-4. HTTP (stdlib): /health* 503 while "loading" then 200, /v1/models,
+4. HTTP (stdlib), started once the ranks are up (no answer while loading, like
+   sglang 0.5.23): /health* 503 until the warmup is done, then 200, /v1/models,
    /server_info (and /get_server_info: the arguments under SGLang's own
    names, the speculative_* settings included), /model_info, /v1/loads, /version, /metrics,
    /generate, /v1/chat/completions (plain and SSE), /v1/completions,
@@ -72,6 +73,8 @@ logger, source files), compressed_tensors, safetensors and yaml (--config).
 Environment (all optional):
   SANDBOX_LOAD_SECONDS      simulated load + warmup time, float, default 3
   SANDBOX_GEN_DELAY_S       time each generation request takes, default 0.05
+  SANDBOX_HANG_RANK         this TP rank hangs after "Load weight begin." and
+                            logs nothing more (a fault: the start stalls)
   SANDBOX_SGLANG_PARSER     auto (default) | real | fallback
   SANDBOX_SGLANG_SRC        the sglang package directory whose source files
                             the checks run (default: the importable sglang's)
@@ -869,13 +872,17 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     gpu, load_seconds = cfg["gpu"], cfg["load_seconds"]
     idx = gpu["index"]
     free = {int(k): v for k, v in cfg["free_mib"].items()}
-    log(f"Init torch distributed begin. (simulated GPU {idx})", logger=_scheduler_logger)
+    # the start lines are sglang 0.5.23's own (remote/wait_ready.py PHASES cites each file)
+    log("Init parallel begin.", logger=_scheduler_logger)
     if cfg["tp_size"] > 1:
         check_tp_memory_balance(pre_model_load_memory=min(free.values()) / 1024,
                                 local_gpu_memory=free[idx] / 1024)
-    log("Init torch distributed ends. elapsed=0.01 s, mem usage=0.00 GB", logger=_scheduler_logger)
+    log("Init parallel ends. elapsed=0.01 s", logger=_scheduler_logger)
+    log("Memory baseline taken. mem usage=0.00 GB", logger=_scheduler_logger)
     avail = free[idx] / 1024
     log(f"Load weight begin. avail mem={avail:.2f} GB", logger=_scheduler_logger)
+    if os.environ.get("SANDBOX_HANG_RANK") == str(cfg["tp_rank"]):
+        threading.Event().wait()  # a rank stuck in loading without a line (a hung NFS read, an NCCL deadlock)
     model_config = load_model_config(cfg["model_path"])
     quant = (model_config.get("quantization_config") or {}).get("quant_method") or ""
     if cfg["local_rank"] == 0:  # once per node: each check imports torch (SGLang: every rank)
@@ -902,13 +909,14 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     gpusim.register(os.getpid(), {idx: hold}, name="python3")
     kv = held - weights
     tokens = int(kv * 1024 * 4)
-    log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv:.2f} GB", logger=_scheduler_logger)
+    log(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {tokens}, KV size: {kv:.2f} GB",
+        logger=_scheduler_logger)
     log(f"Memory pool end. avail mem={avail - held:.2f} GB", logger=_scheduler_logger)
-    log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail - held:.2f} GB",
+    log(f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem={avail - held:.2f} GB",
         logger=_scheduler_logger)
     time.sleep(load_seconds * 0.3)
-    log(f"Capture cuda graph end. Time elapsed: {load_seconds * 0.3:.2f} s. mem usage=0.00 GB. "
-        f"avail mem={avail - held:.2f} GB.", logger=_scheduler_logger)
+    log(f"Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16, 24, 32], elapsed={load_seconds * 0.3:.2f} s, "
+        f"mem usage=0.00 GB, avail mem={avail - held:.2f} GB.", logger=_scheduler_logger)
     ctx = int(cfg["context_length"] or model_config.get("max_position_embeddings") or 4096)
     log(f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
         f"max_running_requests=1024, context_len={ctx}, available_gpu_mem={avail - held:.2f} GB",
@@ -1881,14 +1889,6 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
         state.life = Lifecycle(stop)
     server = None
 
-    # the HTTP server answers 503 on /health while loading (node rank 0)
-    if node_rank == 0:
-        server = start_http(args.host, args.port, state)
-        raw(f"INFO:     Started server process [{os.getpid()}]", err=True)
-        raw("INFO:     Waiting for application startup.", err=True)
-        raw("INFO:     Application startup complete.", err=True)
-        raw(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)", err=True)
-
     # multi-node rendezvous
     rdv = None
     if nnodes > 1:
@@ -1908,6 +1908,16 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
         return _shutdown(state, server, rdv, node_rank, ranks)
     ranks.start_watchdog()
     signal.signal(signal.SIGQUIT, _sigquit_running)
+    log(f"Engine startup timings (s): load_weight={load_seconds * 0.6:.2f}, kv_cache_allocation=0.01, "
+        f"scheduler_e2e={load_seconds * 0.9:.2f}, cuda_graph={{prefill=0.00, decode={load_seconds * 0.3:.2f}}}")
+    # like sglang 0.5.23, nothing answers HTTP while the ranks load (http_server.py starts uvicorn
+    # after the engine is up: the real server's journal shows it); then /health 503 until the warmup's done
+    if node_rank == 0:
+        server = start_http(args.host, args.port, state)
+        raw(f"INFO:     Started server process [{os.getpid()}]", err=True)
+        raw("INFO:     Waiting for application startup.", err=True)
+        raw("INFO:     Application startup complete.", err=True)
+        raw(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)", err=True)
 
     if node_rank != 0:
         return _serve_nonzero_node(args, state, rdv, ranks)
@@ -1921,7 +1931,7 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
         return _stop_before_warmup(state, server)
     if not args.skip_server_warmup:
         life.auto_create_handle_loop()  # the warmup's /generate: SGLang's SIGTERM handler from here on
-        log("Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
+        log("Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
             "#running-req: 0, #queue-req: 0", logger=_scheduler_logger)
         raw(f'[{time.strftime("%Y-%m-%d %H:%M:%S")}] INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
     state.ready = True

@@ -46,7 +46,8 @@ from core.checks import resolved_spec
 from core.ops import fail_command, plan, preparing, record_failure, report
 from core.render import Rendered, render
 from core.runstate import run_state
-from core.server import WAIT_SCRIPT, local_url, mark_restarted, restarted_this_run, server_args_accepted, server_files
+from core.server import (WAIT_SCRIPT, local_url, mark_restarted, restarted_this_run, server_args_accepted,
+                         server_files, start_progress_args)
 from core.stamps import (
     pending_stamp_path,
     pending_written,
@@ -341,7 +342,7 @@ def group_restarted(spec: Spec, rendered: Rendered):
 
 def _wait_args(spec: Spec, elapsed: float, baseline: str | None, progress: bool) -> str:
     args = [spec.venv_python, "-u", "-c", WAIT_SCRIPT.read_text(), "--unit", spec.unit_name,
-            "--slice", str(SLICE_S), "--elapsed", f"{elapsed:.2f}"]
+            "--slice", str(SLICE_S), "--elapsed", f"{elapsed:.2f}", *start_progress_args(spec)]
     if spec.node_rank == 0:
         args += ["--url", local_url(spec), "--served-name", spec.served_model_name,
                  "--timeout", str(spec.readiness_timeout_s)]

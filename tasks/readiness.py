@@ -21,7 +21,7 @@ from core.last_good import last_good_dir, last_good_stamp_path, last_good_writte
 from core.ops import plan, preparing
 from core.render import render
 from core.runstate import run_state
-from core.server import WAIT_SCRIPT, local_url, restarted_this_run
+from core.server import WAIT_SCRIPT, local_url, restarted_this_run, start_progress_args
 from core.stamps import read_stamp, restart_reasons, stamp_path
 from facts.http import HttpStatus
 from facts.systemd import SystemdUnitState
@@ -45,12 +45,13 @@ def server_ready(spec: Spec):
         if not pending and unit.running and host.get_fact(HttpStatus, url=url + "/health") == 200:
             host.noop(f"{spec.unit_name} is ready at {url}")
             return
+    stall = f", failing after {spec.start_stall_s:.0f} s without start progress" if spec.start_stall_s else ""
     plan(f"wait until {url}/health is 200 and /v1/models lists {spec.served_model_name!r} "
-         f"(at most {spec.readiness_timeout_s:.0f} s)")
+         f"(at most {spec.readiness_timeout_s:.0f} s{stall})")
     args = [
         spec.venv_python, "-u", "-c", WAIT_SCRIPT.read_text(),
         "--unit", spec.unit_name, "--url", url, "--served-name", spec.served_model_name,
-        "--timeout", str(spec.readiness_timeout_s),
+        "--timeout", str(spec.readiness_timeout_s), *start_progress_args(spec),
     ]
     if spec.server_options:
         args += ["--options-file", spec.options_path]

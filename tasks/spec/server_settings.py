@@ -160,6 +160,9 @@ class HostSettings(CommonSettings):
         "sglang.launch_server", description="dotted Python module run with 'python -m'"
     )
     readiness_timeout_s: Number = Field(3600.0, gt=0, description="seconds, a number > 0")
+    start_stall_s: Number | None = Field(
+        900.0, gt=0, description="seconds a start may make no progress, a number > 0, or None (no stall check)"
+    )
     rollback_on_failure: StrictBool = Field(
         True, description="True or False: put the last good configuration back when a restart fails readiness"
     )

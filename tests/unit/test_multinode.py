@@ -79,6 +79,7 @@ def spec_for(rank: int, nnodes: int = 2):
         group_key=LABEL, group_label=LABEL, node_rank=rank, nnodes=nnodes, unit_name="sglang.service",
         venv_python="/usr/bin/python3", listen_host="0.0.0.0", listen_port=30000, served_model_name="tiny",
         readiness_timeout_s=120.0, server_options={}, options_path="/etc/sglang/sglang.yaml",
+        tp_size=8 * nnodes, start_stall_s=900.0,
     )
 
 
