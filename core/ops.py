@@ -12,9 +12,10 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
-from pyinfra.context import state
+from pyinfra.context import ctx_host, ctx_state, state
 
 from core.changes import changing
+from core.dry_run import record_known_failure
 from core.paths import GB, SYSTEMD_DIR
 from core.runstate import run_state
 from facts.files import FileDigest, FileText
@@ -76,6 +77,14 @@ def record_failure(state, host, cause: str, lines: list[str] | tuple[str, ...] =
     run_state(state).fail(host.name, step or step_of(cause) or "deploy", cause, tuple(lines))
 
 
+def gate_failed(state, host, lines: list[str], step: str = "readiness") -> bool:
+    """A check after a command (a readiness gate) failed: its lines in red, the first as the cause; False."""
+    for line in lines:
+        host.log_styled(line, fg="red", log_func=logger.error)
+    record_failure(state, host, lines[0], tuple(lines), step=step)
+    return False
+
+
 def _fail(state, host, message: str) -> bool:
     for line in message.splitlines():
         host.log_styled(line, fg="red", log_func=logger.error)
@@ -87,8 +96,13 @@ def fail_command(message: str) -> FunctionCommand:
     """A command that fails the operation with ``message``, on the controller.
 
     Yielded (not raised) so the dry run shows the operation as a change that
-    will fail, and execution stops the host here with the reason.
+    will fail, and execution stops the host here with the reason. Made while
+    pyinfra prepares, it also records ``message`` as a failure the plan
+    already knows (core/dry_run.py): a dry run, which never runs the
+    command, exits non-zero naming it.
     """
+    if preparing():
+        record_known_failure(ctx_state.get(), ctx_host.get(), message)
     return FunctionCommand(_fail, (message,), {})
 
 
@@ -147,7 +161,7 @@ def foreign_file_message(dest: str, setting: str) -> str:
 
 @operation()
 def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] | None = None,
-                 setting: str = "unit_name (router_unit_name on a router host)"):
+                 setting: str = "unit_name (router_unit_name on a router host)", writer: str = ""):
     """
     Write a file atomically (temp file of the final mode, then rename), so a
     dropped connection never leaves a half-written unit and a secret file is
@@ -163,6 +177,8 @@ def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] 
     + mode: octal mode, e.g. "600" for files holding secrets
     + secrets: values masked as ******** in the --diff output
     + setting: the setting that chose ``dest``, named when a foreign file is refused
+    + writer: names the temp file, for a file several servers of one host write (at the same moment:
+      one temp file each, or one's rename would find the other's gone)
 
     .. code:: python
 
@@ -181,7 +197,7 @@ def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] 
             yield fail_command(message)
             return
         print_diff(dest, old, content, secrets or [])
-        tmp = dest + ".sgc-new"
+        tmp = f"{dest}.{writer}.sgc-new" if writer else dest + ".sgc-new"
         parent = dest.rsplit("/", 1)[0] or "/"
         # the facts kept of other files stay (core/factcache.py)
         yield changing(StringCommand("install -d -m 755", QuoteString(parent)), dest, tmp)

@@ -69,8 +69,9 @@ def server_files(spec: Spec, rendered: Rendered) -> None:
                  setting="unit_name", name=f"options file {spec.options_path}")
     managed_file(dest=spec.env_path, content=rendered.env, mode="600", secrets=secrets,
                  setting="unit_name", name=f"environment file {spec.env_path}")
+    # shared by the host's servers, which may write it at the same moment: a temp file each
     managed_file(dest=SERVER_LAUNCHER, content=SERVER_LAUNCHER_SCRIPT.read_text(), mode="644",
-                 name=f"launcher {SERVER_LAUNCHER} (keeps the API key out of the journal)")
+                 writer=spec.unit_stem, name=f"launcher {SERVER_LAUNCHER} (keeps the API key out of the journal)")
     unit_installed(unit=spec.unit_name, name=f"{spec.unit_name} loaded and enabled")
 
 

@@ -111,7 +111,11 @@ def venv(path: str, python: str = "/usr/bin/python3"):
         host.noop(f"venv {path} exists (python {state.python_version}{made_by})")
         return
     plan(f"create venv {path} with {python}")
-    yield StringCommand(QuoteString(python), "-m venv --without-pip", QuoteString(path))
+    # under the venv's pip lock, and only if still missing: the servers of one host that share the
+    # venv create it at the same moment on a fresh host (two `python -m venv` race on its dirs)
+    create = f"[ -x {shlex.quote(venv_python(path))} ] || {shlex.quote(python)} -m venv --without-pip {shlex.quote(path)}"
+    yield StringCommand("install -d -m 755", QuoteString(path))
+    yield StringCommand(locked(path, create))
 
 
 @operation()

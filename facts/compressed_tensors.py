@@ -15,7 +15,9 @@ from facts._value import FactValue
 from facts.venv import last_json_line, venv_python_command
 
 # One python run in the venv; the member list is cached per installed version,
-# because importing compressed_tensors (and torch) takes seconds.
+# because importing compressed_tensors (and torch) takes seconds. The caches are
+# written to a temp file of the process's own, then renamed: the servers of one
+# host read these facts at the same moment.
 _FORMATS_PY = """
 import importlib.metadata as md, json, os, sys
 try:
@@ -28,9 +30,9 @@ if os.path.exists(cache):
 from compressed_tensors.config import CompressionFormat
 out = json.dumps({"version": version, "members": sorted(member.name for member in CompressionFormat)})
 os.makedirs(os.path.dirname(cache), exist_ok=True)
-with open(cache + ".tmp", "w") as handle:
+with open(cache + ".%d.tmp" % os.getpid(), "w") as handle:
     handle.write(out)
-os.replace(cache + ".tmp", cache)
+os.replace(cache + ".%d.tmp" % os.getpid(), cache)
 print(out)
 """.replace("CACHE_DIR", CACHE_DIR, 1)
 
@@ -87,9 +89,9 @@ out = json.dumps({"package": name, "version": dist.version, "files": scanned,
 if record:
     try:
         os.makedirs(os.path.dirname(cache), exist_ok=True)
-        with open(cache + ".tmp", "w") as handle:
+        with open(cache + ".%d.tmp" % os.getpid(), "w") as handle:
             handle.write(out)
-        os.replace(cache + ".tmp", cache)
+        os.replace(cache + ".%d.tmp" % os.getpid(), cache)
     except OSError:
         pass
 print(out)

@@ -3,11 +3,11 @@ download one pinned model revision into a local dir with huggingface_hub, then
 verify it and write the marker that makes the next deploy a no-op.
 
     fetch_model.py --repo moonshotai/Kimi-K2.6 --revision <40 hex> --local-dir /srv/models/kimi-k2.6 \
-        --margin-bytes 50000000000 [--reserve-bytes N] [--endpoint URL] [--token-file /etc/sglang/hf-token] \
+        --margin-bytes 50000000000 [--reserve-bytes N] [--endpoint URL] [--token-file /etc/sglang/sglang.hf-token] \
         [--max-workers 8] [--attempts 5] [--backoff-s 5] [--max-wait-s 300] [--read-timeout 30]
 
 --reserve-bytes: what a later download of the same deploy (the profile's draft
-model, run next in the same unit) still needs on this disk; the disk check keeps
+model, fetched next) still needs on this disk; the disk check keeps
 it free too, so the model does not take the draft's room.
 
 The token is read from a root-only file (never argv) and never printed.

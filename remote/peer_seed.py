@@ -4,7 +4,7 @@ that is still missing. The standard library and the host's own rsync and ssh
 only.
 
     fetch_model.py ... --seed-from root@10.0.0.11:/srv/models/kimi-k2.6 [--seed-port 22] \
-        --seed-key /etc/sglang/seed-key --seed-known-hosts /etc/sglang/seed-known-hosts
+        --seed-key /etc/sglang/sglang.seed-key --seed-known-hosts /etc/sglang/sglang.seed-known-hosts
 
 The copy is rsync over ssh (the peer needs rsync, and the key the rollout put
 in its authorized_keys for this rollout only; rollout/seeding.py), with the

@@ -16,9 +16,22 @@ good configuration put back (tasks/rollback.py), out of its router and back.
 revision on disk, drift (why the next deploy would restart it) and its place
 in the router; exit 1 when any host is not as wanted (rollout/status.py).
 
-Exit status: 0 all ok (or --dry), 1 a host failed (the rollout stopped once
-more than --max-failed had failed, or went on within it), 2 invalid settings
-or a failed preflight, an unreachable host included (nothing changed).
+A router lost during a batch (a router call of a server got no answer: its
+drain or its registration; or a router host failed) stops the rollout after
+that batch whatever --max-failed (exit 1): the summary's last lines name the
+router, what failed, and each server out of its router (drained and not
+registered again, or never registered); once the router answers, the next
+rollout registers every ready server (rollout/router_loss.py).
+
+Exit status: 0 all ok, 1 a host failed (the rollout stopped once more than
+--max-failed had failed, or went on within it), 2 invalid settings or a
+failed preflight, an unreachable host included (nothing changed). --dry
+changes nothing and exits 1 when its plan already knows that the real run
+would fail on a host (a repo or revision missing on the Hub, a refused token,
+disk short: any fail_command a step yields while pyinfra prepares,
+core/dry_run.py) or a host cannot be reached, its last lines naming each such
+host and failure ("dry run: the real run would fail on sgc1: model: ...
+(HTTP 404)"); 0 when no plan knows of a failure; 2 as above.
 """
 
 from __future__ import annotations
@@ -40,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--canary", type=int, default=0, help="servers in the first batch, alone (default 0: none)")
     parser.add_argument("--max-failed", type=int, default=0,
                         help="failed hosts tolerated before the rollout stops after a batch (default 0)")
-    parser.add_argument("--dry", action="store_true", help="print every batch's per-host plan; change nothing")
+    parser.add_argument("--dry", action="store_true",
+                        help="print every batch's per-host plan; change nothing (exit 1: a plan knows a failure)")
     parser.add_argument("--diff", action="store_true", help="with --dry: unified diffs of the managed files")
     parser.add_argument("--status", action="store_true",
                         help="read-only: each host's unit, serving, model revision, drift and router place")

@@ -25,7 +25,8 @@ hosts of that batch only:
    error.
 
 ``dry=True`` prepares every batch with change detection and prints each
-host's plan; nothing is executed.
+host's plan; nothing is executed. A plan that knows a failure (core/dry_run.py) or
+an unreachable host ends the summary with a line per host and failure: exit 1.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from rollout import profile
+from rollout import profile, router_loss
 from rollout.connections import Connections
 from rollout.static_facts import StaticFacts
 
@@ -54,12 +55,15 @@ class Batch:
 class HostResult:
     host: str
     batch: str
-    result: str = "not run"  # "ok", "failed", "not run", "planned", "preflight failed"
+    result: str = "not run"  # "ok", "failed", "not run", "planned", "would fail" (dry), "preflight failed"
     changed: bool | None = None
     restarted: bool | None = None
     ready_s: float | None = None
     error: str = ""
     changes: list[str] = field(default_factory=list)  # dry: the operations that would change
+    known_failures: list[str] = field(default_factory=list)  # what the (dry run's) real run fails on
+    out_of_router: str = ""  # why the server is out of its router after the run ("": in it, or none)
+    router_lost: str = ""  # its router calls that got no answer (rollout/router_loss.py)
 
 
 @dataclass
@@ -72,6 +76,7 @@ class RolloutReport:
     total_s: float = 0.0
     preflight_s: float = 0.0
     stopped_after: str | None = None
+    dry: bool = False
 
 
 def plan_batches(routers: list[str], servers: list[str], batch_size: int, canary: int,
@@ -371,6 +376,7 @@ class Driver:
         from pyinfra.api.state import StateStage
         from pyinfra_cli.util import load_deploy_file
 
+        from core.dry_run import known_failures
         from core.runstate import run_state
         from core.seeding import offer
 
@@ -400,9 +406,12 @@ class Driver:
                 connect_errors = self.errors.pop(name, [])
                 if host not in active:
                     result.result, result.error = "failed", (connect_errors or ["cannot connect"])[-1]
+                    result.known_failures = [result.error]
                     continue
                 if self.dry:
-                    result.result = "planned"
+                    result.known_failures = known_failures(state).get(name, [])
+                    result.result = "would fail" if result.known_failures else "planned"
+                    result.error = "; ".join(message.splitlines()[0] for message in result.known_failures)
                     result.changes = self._planned_changes(state, host)
                     result.changed = bool(result.changes)
                     continue
@@ -426,6 +435,7 @@ class Driver:
                 if failed:
                     why = failure_reason(state, host, failed_op) or (connect_errors[-1] if connect_errors else "")
                     result.error = f"{failed_op}: {why}" if failed_op and why else (failed_op or why or "failed")
+            router_loss.take(state, results, batch.hosts)
         finally:
             self._stop(state)
 
@@ -456,7 +466,7 @@ class Driver:
             routers, servers = self.load()
         batches = plan_batches(routers, servers, self.batch_size, self.canary, self.groups)
         results = {name: HostResult(name, batch.label) for batch in batches for name in batch.hosts}
-        report = RolloutReport(results=results, batches=batches, exit_code=0)
+        report = RolloutReport(results=results, batches=batches, exit_code=0, dry=self.dry)
         self.echo(f"rollout: {len(routers)} router host(s), {len(servers)} server(s) in {len(batches)} batch(es): "
                   + "; ".join(f"{b.label}: {', '.join(b.hosts)}" for b in batches))
         seeding = self._seeding()
@@ -473,6 +483,7 @@ class Driver:
                 for name, lines in problems.items():
                     results[name].result = "preflight failed"
                     results[name].error = "; ".join(lines)
+                    results[name].known_failures = [f"preflight: {line}" for line in lines]
                     for line in lines:
                         self.echo(f"rollout: preflight: {name}: {line}")
                 self.echo(f"rollout: {len(problems)} host(s) cannot take the deploy: nothing was changed on any host")
@@ -513,12 +524,17 @@ class Driver:
             if self.dry:
                 for name in batch.hosts:
                     changes = results[name].changes
-                    self.echo(f"rollout: plan {name}: " + (", ".join(changes) if changes else "no change"))
+                    self.echo(f"rollout: plan {name}: " + (", ".join(changes) if changes else "no change")
+                              + (f"; the real run would fail: {results[name].error}" if results[name].error else ""))
+                if any(results[name].known_failures for name in batch.hosts):
+                    report.exit_code = 1  # the real run would fail here: the summary's last lines say why
                 continue
             failed = [name for name in batch.hosts if results[name].result == "failed"]
             failed_total += len(failed)
             self.echo(f"rollout: batch {batch.label} done in {report.batch_seconds[batch.label]:.1f} s"
                       + (f", failed: {', '.join(failed)}" if failed else ", ready"))
+            if router_loss.stopped(batch, batches, report, self.echo, self.max_failed):  # a fleet-level stop
+                break
             if failed_total > self.max_failed:
                 report.stopped_after = batch.label
                 report.exit_code = 1
@@ -541,8 +557,8 @@ def summary_table(report: RolloutReport):
     """The rollout's summary as a rich Table."""
     from rich.table import Table
 
-    title = "rollout" + (" (dry run: nothing changed)" if any(r.result == "planned" for r in report.results.values())
-                         else "")
+    title = "rollout" + (" (dry run: nothing changed)" if report.dry or any(r.result == "planned" for r in
+                                                                            report.results.values()) else "")
     table = Table(title=title)
     for column in ("host", "batch", "result", "changed", "restarted", "time to ready", "error"):
         table.add_column(column, overflow="fold")
@@ -566,6 +582,8 @@ def summary_table(report: RolloutReport):
 def print_summary(report: RolloutReport, console=None) -> None:
     from rich.console import Console
 
+    from core.dry_run import verdict_lines
+
     console = console or Console(stderr=False, width=max(120, int(os.environ.get("COLUMNS", "0") or 0)))
     console.print(summary_table(report))
     ok = sum(r.result == "ok" for r in report.results.values())
@@ -575,3 +593,7 @@ def print_summary(report: RolloutReport, console=None) -> None:
         f"{report.total_s:.1f} s in all (preflight {report.preflight_s:.1f} s)"
         + (f"; stopped after batch {report.stopped_after}" if report.stopped_after else "")
     )
+    router_loss.print_lines(report, console)  # a router lost, the servers out of their router
+    if report.dry:  # its last lines: each host the real run would fail on, each failure (core/dry_run.py)
+        for line in verdict_lines({name: r.known_failures for name, r in report.results.items()}):
+            console.print(line, style="red", markup=False, highlight=False, soft_wrap=True)  # one line each

@@ -1,4 +1,4 @@
-"""python -m sandbox up|down|status|ssh|reboot|build: local simulated GPU hosts."""
+"""python -m sandbox up|down|status|ssh|reboot|kill|build: local simulated GPU hosts."""
 
 from __future__ import annotations
 
@@ -76,6 +76,12 @@ def _cmd_reboot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_kill(args: argparse.Namespace) -> int:
+    H.kill(args.name)
+    print(f"{args.name}\tkilled (disk, address and state kept: `up` boots it again on its disk)")
+    return 0
+
+
 def _cmd_grow_disk(args: argparse.Namespace) -> int:
     host = H.get_host(args.name)
     H.grow_disk(host, args.path, args.mib)
@@ -135,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("--timeout", type=float, default=H.REBOOT_TIMEOUT_S, help="seconds (default %(default)s)")
     p.set_defaults(func=_cmd_reboot)
+
+    p = sub.add_parser("kill", help="cut a host's power (every process killed at once), keep its disk for `up`")
+    p.add_argument("name")
+    p.set_defaults(func=_cmd_kill)
 
     p = sub.add_parser("hub-stats", help="bytes the Hub stand-in served (JSON: total, per file, per client)")
     p.add_argument("--reset", action="store_true", help="print the counts, then start them over")

@@ -17,6 +17,7 @@ Python API:
     down()                                          remove every sandbox host
     status() -> list[dict]                          hosts and their state
     reboot(name) -> SandboxHost                     reboot one host, wait until booted
+    kill(name)                                      cut its power: killed at once, disk kept; up() boots it again
     wait_booted(name)                               wait for systemd + sshd (after a reboot)
     load_hosts() -> list[SandboxHost]               from the state file
     set_disk(host, path, size_mib) / grow_disk(...)  size-limited fs at path
@@ -669,6 +670,13 @@ def _start_guest(index: int, base: Path, layout: dict, snapshot: Path | None = N
         str(merged))  # fmt: skip
     _prepare_root(merged, name, layout)
     _setup_network(index)
+    return _launch_guest(index, merged, layout)
+
+
+def _launch_guest(index: int, merged: Path, layout: dict) -> SandboxHost:
+    """Launch the nspawn supervisor of guest ``index`` on its mounted root, in its network namespace."""
+    name = host_name(index)
+    hdir = _host_dir(name)
     cgdirs = _cgroup_dirs(name)
     for d in cgdirs:
         d.mkdir(exist_ok=True)
@@ -688,7 +696,7 @@ def _start_guest(index: int, base: Path, layout: dict, snapshot: Path | None = N
             nspawn.append(f"--bind-ro={d}")
     # own cgroup (else all --keep-unit guests share the caller's) and own session
     script = _supervisor_script(merged, cgdirs, nspawn)
-    log = open(hdir / "nspawn.log", "wb")
+    log = open(hdir / "nspawn.log", "ab")  # a killed host booted again: its earlier boots' lines kept
     try:
         proc = subprocess.Popen(
             [SUPERVISOR_ARGV0, "-c", script],
@@ -712,6 +720,41 @@ def _start_guest(index: int, base: Path, layout: dict, snapshot: Path | None = N
         root=str(merged),
         gpus=_layout_summary(layout),
     )
+
+
+KILLED = "killed"  # a state entry's mark: kill() cut its power, its disk is kept for up()
+
+
+def _boot_kept_disk(entry: dict, layout: dict) -> SandboxHost:
+    """Launch a killed guest again on the disk it had (its overlay still mounted), with its address."""
+    name, index = entry["name"], int(entry["index"])
+    merged = _host_dir(name) / "merged"
+    if not _is_mountpoint(merged) or not (NETNS_DIR / netns_name(index)).exists():
+        raise RuntimeError(f"{name}: killed, but its disk ({merged}) or its network namespace is gone: "
+                           f"remove it and up it again")
+    install_guest_files(merged, name, layout)  # the simulator scripts and GPU layout, as for a running host
+    return _launch_guest(index, merged, layout)
+
+
+def kill(name: str) -> None:
+    """Cut the power of host ``name``: its supervisor, systemd-nspawn and every process in the guest are
+    SIGKILLed at once (nothing in it is told or stops in order, like a machine that dies). Its disk (the
+    overlay, all written in the guest), its address (network namespace, veth) and its state entry stay,
+    the entry marked killed: status() says "stopped", the inventories still list it (unreachable), and
+    up() boots it again on the same disk (remove() throws it away)."""
+    with _state_lock():
+        state = _read_state()
+        entry = state["hosts"].get(name)
+        if entry is None:
+            raise KeyError(f"no sandbox host {name!r} is up (python -m sandbox status)")
+        pids = {int(entry.get("nspawn_pid") or 0), *_scan_nspawn_pids().get(name, [])}
+        _stop_pids([pid for pid in pids if pid and _is_our_nspawn(pid, name)], name)
+        for d in _cgroup_dirs(name):  # the next boot makes them afresh
+            _rmdir_tree(d)
+        _remove_propagate_dir(name)
+        entry[KILLED] = True
+        _write_state(state)
+    _log(f"{name}: killed (disk kept; up() boots it again)")
 
 
 def _supervisor_script(merged: Path, cgdirs: list[Path], nspawn: list[str]) -> str:
@@ -828,7 +871,8 @@ def up(
 
     layout_opts: gpus=8, gpu_mib=97887, compute_cap="12.0", p2p="OK",
     gpu_name=..., driver_version=... (default: ct200). Running hosts are
-    kept; their GPU layout and simulator scripts are rewritten in place.
+    kept; their GPU layout and simulator scripts are rewritten in place. A
+    host kill() stopped boots again on its own disk (all written in it kept).
     snapshot: hosts started here boot on that layer (snapshot()) over the
     rootfs: clones of a converged host, with their own identity.
     boot_timeout: seconds each started host has to become reachable (clones
@@ -865,7 +909,8 @@ def up(
                     hosts[index] = host
                     continue
                 pending = index
-                host = _start_guest(index, base, layout, snapshot)
+                host = (_boot_kept_disk(entry, layout) if entry and entry.get(KILLED)
+                        else _start_guest(index, base, layout, snapshot))
                 pending = None
                 hosts[index] = host
                 started.append(host)

@@ -31,6 +31,9 @@ def _import_gpusim():
         if path and os.path.isfile(os.path.join(path, "gpusim.py")):
             sys.path.insert(0, path)
             break
+    # like the real nvidia-smi (a binary), leave no file behind: no __pycache__ beside gpusim.py
+    # (a --dry run reads the GPUs and must change nothing on the host: tests/integration/test_dry_run.py)
+    sys.dont_write_bytecode = True
     import gpusim  # noqa: E402
 
     return gpusim

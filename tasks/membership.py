@@ -4,7 +4,10 @@ A server with ``router_url`` leaves the router before its deploy restarts it
 (DELETE, then wait until the server itself is idle: /v1/loads), and comes
 back once ready (POST, then wait until the router reports it healthy). The
 new command line is checked with SGLang's parser first, so a typo never
-drains a server.
+drains a server. What came of it is kept on the run state
+(core/router_membership.py): out of the router from a drain that succeeded
+until a registration that succeeded; a router that stopped answering is lost
+(the rollout stops there: rollout/router_loss.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from core.last_good import rollback_source
 from core.ops import fail_command, plan, preparing, stream
 from core.render import render
-from core.router_api import auth_file_written, client_command, register_workers, workers_of
+from core.router_api import auth_file_written, client_command, workers_of
+from core.router_membership import membership, no_answer, registered, router_answers
 from core.server import local_url, server_args_accepted
 from core.stamps import restart_reasons
 from facts.router import RouterWorkers
@@ -27,7 +31,14 @@ def _drain(state, host, python: str, router_url: str, worker_url: str, local: st
     args = ["drain", "--router", router_url, "--worker", worker_url, "--local", local, "--timeout", str(timeout_s)]
     if auth_file:
         args += ["--auth-file", auth_file]
-    return stream(state, host, client_command(python, *args), int(timeout_s) + 60, step="router", changes=())
+    drained = stream(state, host, client_command(python, *args), int(timeout_s) + 60, step="router", changes=())
+    record = membership(state)
+    if drained:
+        record.taken_out(host.name, f"drained from the router at {router_url} before its restart")
+    elif not router_answers(host, router_url):  # it may have gone with the DELETE already sent
+        record.lost(host.name, router_url, no_answer(router_url, host.name, f"draining {worker_url}"))
+        record.taken_out(host.name, f"the router at {router_url} stopped answering during its drain")
+    return drained
 
 
 @operation()
@@ -51,6 +62,12 @@ def worker_drained(spec: Spec, rolling_back: bool = False):
         return
     listed = host.get_fact(RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
     if listed is None:
+        # executing: the router went away (a rollout deploys it first); the restart goes on
+        if not preparing() and not router_answers(host, spec.router_url):
+            membership().lost(host.name, spec.router_url,
+                              no_answer(spec.router_url, host.name, "draining it before its restart"))
+            membership().taken_out(host.name, f"not in the router at {spec.router_url}: it did not answer "
+                                              "before the restart")
         host.noop(f"the router at {spec.router_url} does not answer: nothing to drain")
         return
     if not workers_of(spec.worker_url, listed):
@@ -77,15 +94,22 @@ def worker_registered(router_url: str, worker_url: str, python: str = "/usr/bin/
     """
     listed = host.get_fact(RouterWorkers, router_url=router_url, auth_file=auth_file)
     if any(w.healthy for w in workers_of(worker_url, listed)):
+        if not preparing():
+            membership().put_back(host.name)
         host.noop(f"{worker_url} is in the router at {router_url}, healthy")
         return
     if listed is None and not preparing():
+        if not router_answers(host, router_url):  # nothing answers there (not a refused key)
+            membership().lost(host.name, router_url, no_answer(router_url, host.name, f"registering {worker_url}"))
+        membership().taken_out(host.name, f"not registered: the router at {router_url} does not answer")
         yield fail_command(f"router: the router at {router_url} does not answer GET /workers from "
-                           f"{host.name}: {worker_url} cannot be registered (deploy the router hosts first)")
+                           f"{host.name}: {worker_url} cannot be registered (deploy the router hosts first; "
+                           "a router lost during a rollout stops it: run it again once the router answers)")
         return
+    # also when this run restarts nothing: a server missing from its router (a router restarted,
+    # a registration a lost router never got) is registered again
     plan(f"register {worker_url} in the router at {router_url}")
-    yield FunctionCommand(register_workers, (python, router_url, [worker_url], False),
-                          {"auth_file": auth_file} if auth_file else {})
+    yield FunctionCommand(registered, (python, router_url, worker_url, auth_file), {})
 
 
 @deploy("Router: drain")

@@ -13,6 +13,18 @@ command), whatever the unit's end looked like. Otherwise it fails with how the
 unit ended, read from systemd (killed by a signal, or fetch_model's exit code
 and what it means) and the journal's FAILED line.
 
+One unit per model dir (``fetch_unit_name``: the dir's name and a digest of
+its path), so several servers of one host (several inventory entries for the
+same machine) download side by side into their own dirs, and servers that share
+a dir share its download: whichever starts the unit first runs it, the others
+attach to it and wait for it (also when both try to start it at the same
+moment: systemd-run refuses the second, which then attaches), and one that
+finds the marker already there (a sibling's download finished meanwhile) is
+done. fetch_model's lock in the dir keeps any other writer out. A download an
+older deploy started in the host's one unit (``LEGACY_FETCH_UNIT``) into the
+same dir is attached to as well. The token and the peer's key files are the
+server's own (named by its unit), so a run removes only what it uploaded.
+
 The step does not start a failed unit again: fetch_model already retries
 transient Hub failures (5 attempts per phase, backing off 5 s to 40 s) before
 it exits 7, and a kill is meant (an operator's `systemctl kill`, the OOM
@@ -21,7 +33,7 @@ files that were not complete, and says how many bytes that was.
 
 A profile with a draft model (speculative decoding) pins a second download: the
 draft, into its own dir (``spec.draft_dir``) with its own marker. The disk check
-counts both together, and the same unit runs once per download still missing, in
+counts both together, and each download still missing runs in its dir's unit, in
 sequence (the model, then the draft; a failed one stops the step). The step
 succeeds only when both markers hold the wanted revisions; with both there it is
 a no-op. The draft's lines say "model: draft: ...".
@@ -40,12 +52,21 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 
 from core.disk import DiskNeed, HubError, Pin, disk_need, hf_token, model_complete, pins, shortfall
 from core.ops import fail_command, gb, plan, record_failure
-from core.paths import CONFIG_DIR, MODEL_MARKER, REMOTE_DIR, REMOTE_SRC_DIR, SEED_KEY_FILE, SEED_KNOWN_HOSTS, TOKEN_FILE
+from core.paths import (
+    CONFIG_DIR,
+    LEGACY_FETCH_UNIT,
+    MODEL_MARKER,
+    REMOTE_DIR,
+    REMOTE_SRC_DIR,
+    fetch_unit_name,
+    seed_key_file,
+    seed_known_hosts_file,
+    token_file as token_path,
+)
 from core.seeding import SeedSource, seed_source
 from facts.model_dir import ModelDir, ModelDirState
 from tasks.spec import Spec
 
-FETCH_UNIT = "sglang-model-fetch.service"
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
 LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
 # modules the script imports from its own directory, uploaded beside it
@@ -86,12 +107,17 @@ class Download:
     last: bool = True  # the last download of the run: the secret files go after it (or after a failure)
     seed_files: tuple[str, ...] = ()  # the peer's key and host keys (peer seeding): removed like the token
 
+    @property
+    def unit(self) -> str:
+        return fetch_unit_name(self.local_dir)
+
 
 class _Remote:
     """Commands on the host for the FunctionCommand; a connection that fails raises HostLost."""
 
-    def __init__(self, host) -> None:
+    def __init__(self, host, unit: str) -> None:
         self.host = host
+        self.unit_name = unit  # the download unit watched (a legacy one when attached to it)
 
     def run(self, command: str | StringCommand) -> tuple[bool, list[str]]:
         cmd = command if isinstance(command, StringCommand) else StringCommand(command)
@@ -101,8 +127,8 @@ class _Remote:
             raise HostLost(f"{type(err).__name__}: {err}") from err
         return ok, list(out.stdout_lines)
 
-    def unit(self) -> dict[str, str]:
-        ok, lines = self.run(f"systemctl show {FETCH_UNIT} --property={UNIT_PROPS}")
+    def unit(self, name: str | None = None, props: str = UNIT_PROPS) -> dict[str, str]:
+        ok, lines = self.run(f"systemctl show {name or self.unit_name} --property={props}")
         return dict(line.split("=", 1) for line in lines if "=" in line) if ok else {}
 
     def model_dir(self, local_dir: str) -> ModelDir:
@@ -116,24 +142,45 @@ class _Remote:
     def journal(self, invocation: str) -> list[str]:
         """This run's lines: the script's and systemd's about the unit (the last 40)."""
         where = (f"_SYSTEMD_INVOCATION_ID={invocation} + INVOCATION_ID={invocation}" if invocation
-                 else f"-u {FETCH_UNIT}")
+                 else f"-u {self.unit_name}")
         _ok, lines = self.run(f"journalctl --sync 2>/dev/null; journalctl --no-pager -o cat -n 40 {where}")
         return [line for line in lines if line.strip() and not line.startswith("-- ")]
 
 
-def _start(remote: _Remote, host, argv: str, label: str = "model") -> str:
-    """Start the download unit (or attach to the one running); its InvocationID."""
-    props = remote.unit()
-    if props.get("ActiveState") in RUNNING:
-        host.log(f"{label}: attaching to the download already running ({FETCH_UNIT})", logger.warning)
-        return props.get("InvocationID", "")
-    remote.run(f"systemctl reset-failed {FETCH_UNIT} 2>/dev/null; true")  # the last run's failed unit
+def _attach(remote: _Remote, host, unit: str, label: str, whose: str = "") -> str:
+    remote.unit_name = unit
+    host.log(f"{label}: attaching to the download already running ({unit}{whose})", logger.warning)
+    return remote.unit().get("InvocationID", "")
+
+
+def _legacy_download(remote: _Remote, local_dir: str) -> bool:
+    """An older deploy's download into this dir, still running in the host's one unit (a second
+    download into the dir would fail on fetch_model's lock)."""
+    props = remote.unit(LEGACY_FETCH_UNIT, "ActiveState,ExecStart")
+    return props.get("ActiveState") in RUNNING and f"--local-dir {local_dir} " in props.get("ExecStart", "")
+
+
+def _start(remote: _Remote, host, download: Download) -> str | None:
+    """Start the dir's download unit, or attach to the one running; its InvocationID. None: the dir
+    holds the revision already (a sibling server's download finished since the step was planned)."""
+    unit, label = download.unit, download.label
+    if remote.unit().get("ActiveState") in RUNNING:
+        return _attach(remote, host, unit, label)
+    if _legacy_download(remote, download.local_dir):
+        return _attach(remote, host, LEGACY_FETCH_UNIT, label, ", started by an older deploy")
+    if model_complete(remote.model_dir(download.local_dir), download.repo, download.revision):
+        return None
+    remote.run(f"systemctl reset-failed {unit} 2>/dev/null; true")  # the last run's failed unit
     # no --collect: a failed unit stays loaded, with its Result and exit status, until the next run
-    ok, lines = remote.run(f"systemd-run --unit={FETCH_UNIT} --quiet --property=Type=exec "
-                           f"--description='sglang-converge model download' {argv} 2>&1")
+    ok, lines = remote.run(f"systemd-run --unit={unit} --quiet --property=Type=exec "
+                           f"--description={_shell_quote(f'sglang-converge model download into {download.local_dir}')} "
+                           f"{download.argv} 2>&1")
     if not ok:
-        raise RuntimeError(f"could not start {FETCH_UNIT}: {' '.join(lines) or 'systemd-run failed'}")
-    host.log(f"{label}: downloading in {FETCH_UNIT} (survives a dropped ssh session; a re-run attaches to it)",
+        # a sibling server (another ssh session) started it between our look and our start
+        if "already" in " ".join(lines) or remote.unit().get("LoadState", "not-found") != "not-found":
+            return _attach(remote, host, unit, label, ", started by a sibling server")
+        raise RuntimeError(f"could not start {unit}: {' '.join(lines) or 'systemd-run failed'}")
+    host.log(f"{label}: downloading in {unit} (survives a dropped ssh session; a re-run attaches to it)",
              logger.warning)
     return remote.unit().get("InvocationID", "")
 
@@ -154,7 +201,7 @@ def _watch(remote: _Remote, host, local_dir: str, need: int, label: str = "model
         props = remote.unit()
         misses = 0 if props else misses + 1
         if misses >= 5:
-            raise HostLost(f"systemctl show {FETCH_UNIT} failed {misses} times in a row")
+            raise HostLost(f"systemctl show {remote.unit_name} failed {misses} times in a row")
         if not props:
             continue
         running = props.get("ActiveState") in RUNNING
@@ -219,12 +266,12 @@ def _converged(host, journal: list[str], download: Download, started: float) -> 
     return True
 
 
-def _failed(state, host, outcome: str, journal: list[str], summary: str, label: str = "model") -> bool:
+def _failed(state, host, unit: str, outcome: str, journal: list[str], summary: str, label: str = "model") -> bool:
     for line in journal[-20:]:
         host.log_styled(f"{label}: {line}", fg="red", log_func=logger.error)
     because = [line for line in journal if line.startswith(CAUSES)]
     because += [line for line in journal if "Main process exited" in line or "Failed with result" in line]
-    cause = f"{label}: {FETCH_UNIT} {outcome}" + (f": {because[0]}" if because else "") + f"; on the host: {summary}"
+    cause = f"{label}: {unit} {outcome}" + (f": {because[0]}" if because else "") + f"; on the host: {summary}"
     host.log_styled(cause, fg="red", log_func=logger.error)
     record_failure(state, host, cause, journal)
     return False
@@ -232,14 +279,14 @@ def _failed(state, host, outcome: str, journal: list[str], summary: str, label: 
 
 def _fetch(state, host, download: Download) -> bool:
     """Run the download unit to its end; succeed only on the host's verified marker for the revision."""
-    remote = _Remote(host)
+    remote = _Remote(host, download.unit)
     started = time.monotonic()
     ok = False
     try:
         ok = _until_converged(state, host, remote, download, started)
         return ok
     except HostLost as err:
-        cause = (f"{download.label}: lost the host while {FETCH_UNIT} ran ({err}): if the host is up the download "
+        cause = (f"{download.label}: lost the host while {remote.unit_name} ran ({err}): if the host is up the download "
                  f"goes on and a re-run attaches to it; after a reboot a re-run fetches only what is missing")
     except RuntimeError as err:
         cause = f"{download.label}: {err}"
@@ -256,14 +303,18 @@ def _fetch(state, host, download: Download) -> bool:
 
 
 def _until_converged(state, host, remote: _Remote, download: Download, started: float) -> bool:
-    invocation = _start(remote, host, download.argv, download.label)
+    invocation = _start(remote, host, download)
+    if invocation is None:
+        host.log(f"{download.label}: {download.local_dir} holds {download.repo}@{download.revision[:12]} already "
+                 f"(a sibling server's download finished it): nothing to fetch", logger.warning)
+        return True
     props = _watch(remote, host, download.local_dir, download.need, download.label)
     journal = remote.journal(invocation)
     on_disk = remote.model_dir(download.local_dir)  # the postcondition, read on the host after the unit ended
     if model_complete(on_disk, download.repo, download.revision):
         return _converged(host, journal, download, started)
     outcome, _code = unit_outcome(props)
-    return _failed(state, host, outcome, journal,
+    return _failed(state, host, remote.unit_name, outcome, journal,
                    missing_summary(on_disk, download.expected, download.repo, download.revision), download.label)
 
 
@@ -278,10 +329,10 @@ def _in_place(pin: Pin) -> str:
 
 
 def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options: dict, token_file: str | None,
-                seed: SeedSource | None = None) -> str:
+                seed: SeedSource | None = None, owner: str = "sglang") -> str:
     """fetch_model.py's command line for one download, shell-quoted; ``reserve``: bytes a later download of
     this run still needs on the same disk (fetch_model keeps them free too); ``seed``: a peer to copy from
-    first, when it holds this revision."""
+    first, when it holds this revision (its key files are the server ``owner``'s)."""
     argv = [python, FETCH_SCRIPT, "--repo", pin.repo, "--revision", pin.revision, "--local-dir", pin.local_dir,
             "--margin-bytes", str(margin_bytes), "--attempts", str(options["attempts"]),
             "--backoff-s", str(options["backoff_s"]), "--read-timeout", str(options["read_timeout_s"])]
@@ -293,24 +344,34 @@ def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options:
         argv += ["--token-file", token_file]
     peer_dir = seed.dir_for(pin.repo, pin.revision) if seed else None
     if seed and peer_dir:
-        argv += ["--seed-from", seed.source(peer_dir), "--seed-port", str(seed.port), "--seed-key", SEED_KEY_FILE,
-                 "--seed-known-hosts", SEED_KNOWN_HOSTS]
+        argv += ["--seed-from", seed.source(peer_dir), "--seed-port", str(seed.port), "--seed-key",
+                 seed_key_file(owner), "--seed-known-hosts", seed_known_hosts_file(owner)]
     return " ".join(_shell_quote(arg) for arg in argv)
 
 
 def _downloads(python: str, todo: list[tuple[Pin, DiskNeed]], margin_bytes: int, options: dict,
-               token_file: str | None, seed: SeedSource | None = None) -> list[Download]:
+               token_file: str | None, seed: SeedSource | None = None, owner: str = "sglang") -> list[Download]:
     """One Download per missing revision, in order; each keeps what the later ones need on its disk free."""
     out = []
-    seed_files = (SEED_KEY_FILE, SEED_KNOWN_HOSTS) if seed else ()
+    seed_files = (seed_key_file(owner), seed_known_hosts_file(owner)) if seed else ()
     for i, (pin, need) in enumerate(todo):
         reserve = sum(later.need for _pin, later in todo[i + 1:] if later.mount == need.mount)
         out.append(Download(repo=pin.repo, revision=pin.revision, local_dir=pin.local_dir,
-                            argv=_fetch_argv(python, pin, margin_bytes, reserve, options, token_file, seed),
+                            argv=_fetch_argv(python, pin, margin_bytes, reserve, options, token_file, seed, owner),
                             need=need.need, expected=need.expected, token_file=token_file,
                             label="model: draft" if pin.what == "draft" else "model", last=i == len(todo) - 1,
                             seed_files=seed_files))
     return out
+
+
+def _scripts_uploaded(owner: str):
+    """fetch_model.py and its modules, each uploaded beside its place and renamed into it: a sibling
+    server's download may be starting python on them at this moment (a rename swaps the whole file)."""
+    uploads = [(LOCAL_FETCH_SCRIPT, FETCH_SCRIPT), *((REMOTE_SRC_DIR / m, f"{REMOTE_DIR}/{m}") for m in FETCH_MODULES)]
+    for local, remote in uploads:
+        yield FileUploadCommand(str(local), f"{remote}.{owner}.sgc-new")
+    yield StringCommand(" && ".join(f"mv -f {_shell_quote(f'{remote}.{owner}.sgc-new')} {_shell_quote(remote)}"
+                                    for _local, remote in uploads))
 
 
 def _plan_downloads(todo: list[tuple[Pin, DiskNeed]], seed: SeedSource | None) -> None:
@@ -345,6 +406,7 @@ def model_downloaded(
     draft_revision: str | None = None,
     draft_dir: str | None = None,
     seed: SeedSource | None = None,
+    owner: str = "sglang",
 ):
     """
     Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified (and
@@ -354,6 +416,9 @@ def model_downloaded(
     revision verified; the download copies it from there first (rsync over
     ssh), then fetches from the Hub what is still missing, and checks every
     file against the Hub's digests either way.
+
+    ``owner``: the server's unit stem, which names the token and key files
+    this run uploads (and removes), apart from a sibling server's.
 
     Refuses before any change when the Hub does not have a revision (or the
     repo, or refuses the token), or when the bytes still needed (model and
@@ -391,20 +456,18 @@ def model_downloaded(
     seed = _seeded(seed, todo)
     _plan_downloads(todo, seed)
     yield StringCommand("install -d -m 755", REMOTE_DIR, CONFIG_DIR)
-    yield FileUploadCommand(str(LOCAL_FETCH_SCRIPT), FETCH_SCRIPT)
-    for module in FETCH_MODULES:
-        yield FileUploadCommand(str(REMOTE_SRC_DIR / module), f"{REMOTE_DIR}/{module}")
+    yield from _scripts_uploaded(owner)
     token_file = None
     if token:
-        token_file = TOKEN_FILE
+        token_file = token_path(owner)
         yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(token_file))
         yield FileUploadCommand(StringIO(token), token_file)
     if seed:
-        for path, text in ((SEED_KEY_FILE, seed.private_key), (SEED_KNOWN_HOSTS, seed.known_hosts)):
+        for path, text in ((seed_key_file(owner), seed.private_key), (seed_known_hosts_file(owner), seed.known_hosts)):
             yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(path))
             yield FileUploadCommand(StringIO(text), path)
     options = {"attempts": attempts, "backoff_s": backoff_s, "read_timeout_s": read_timeout_s, "endpoint": endpoint}
-    for download in _downloads(python, todo, margin_bytes, options, token_file, seed):
+    for download in _downloads(python, todo, margin_bytes, options, token_file, seed, owner):
         yield FunctionCommand(_fetch, (download,), {})
 
 
@@ -428,6 +491,7 @@ def model(spec: Spec) -> None:
         draft_revision=draft.revision if draft else None,
         draft_dir=draft.local_dir if draft else None,
         seed=seed_source(host.name),
+        owner=spec.unit_stem,
         name=f"model {spec.profile.repo}@{spec.profile.revision[:12]}"
         + (f" + draft {draft.repo}@{draft.revision[:12]}" if draft else ""),
     )

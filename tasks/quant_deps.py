@@ -29,6 +29,7 @@ decides again when it runs, after python_env.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -345,14 +346,21 @@ def _new_conflicts(host, before, after, allow: list[str], because: str) -> list[
     return fatal
 
 
+def constraints_path(text: str) -> str:
+    """The constraints file of one hold list, named by its content (and renamed into place): servers of
+    one host may upgrade at the same moment, and none reads another's half-written or other list."""
+    return f"{CACHE_DIR}/hold-constraints-{hashlib.sha256(text.encode()).hexdigest()[:12]}.txt"
+
+
 def _upgrade(state, host, venv: str, requirement: str, constraints_lines: list[str], allow: list[str],
              need: Need, because: str) -> bool:
     python = shlex.quote(venv_python(venv))
     pip = f"{python} -m pip --disable-pip-version-check"
-    constraints = f"{CACHE_DIR}/hold-constraints.txt"
+    held_text = "".join(line + "\n" for line in constraints_lines)
+    constraints = constraints_path(held_text)
     _ok, before = _run(host, f"{pip} check 2>&1")
-    text = shlex.quote("".join(line + "\n" for line in constraints_lines))
-    _run(host, f"install -d -m 755 {CACHE_DIR} && printf %s {text} > {constraints}")
+    _run(host, f"install -d -m 755 {CACHE_DIR} && printf %s {shlex.quote(held_text)} > {constraints}.$$ "
+               f"&& mv -f {constraints}.$$ {constraints}")
     held = ", ".join(constraints_lines) or "nothing"
     host.log(f"quant deps: pip install {requirement} because {because} (constraints: {held})", logger.warning)
     # under the venv's pip lock, like every pip that changes the venv (core/venv_ops.py): a pip

@@ -6,6 +6,12 @@ Fact: ``NvmlGpuUsage`` (facts/nvml.py) - every compute process on every GPU
 the systemd unit that owns it (from /proc/PID/cgroup), because a process of
 another unit must be stopped through systemd: a plain kill is undone by
 ``Restart=always``.
+
+A sibling server of ours (another server on this machine: a unit another
+inventory entry of the same machine names, or any unit whose file carries our
+ownership marker) is never stopped: on our GPUs it fails the step, naming it,
+with everything left as it was (two servers' gpu_ids must not overlap; the
+settings check refuses that within one inventory).
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import time
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
+from facts.files import FileText
 from facts.nvml import GpuApp, NvmlGpuUsage
-from core.ops import fail_command, plan, record_failure
-from tasks.spec import Spec
+from core.ops import claims, fail_command, plan, record_failure
+from core.paths import SYSTEMD_DIR
+from tasks.spec import Spec, sibling_units
 
 MIB = 1024 * 1024
 
@@ -31,6 +39,19 @@ def stale_processes(processes: list[GpuApp], gpu_ids, own_unit: str) -> list[tup
     """(process, gpu index) for every compute process on our GPUs outside our unit."""
     return [(process, process.gpu_index) for process in processes
             if process.gpu_index in gpu_ids and process.unit != own_unit]
+
+
+def sibling_servers(stale: list[tuple[GpuApp, int]], siblings: dict[str, str]) -> dict[str, str]:
+    """{unit: why it is ours} for the stale processes' units that are sibling servers: named by another
+    inventory entry of this machine, or a unit file with our marker (a server of another inventory, or
+    one renamed or removed from this one: its operator decides, not this run)."""
+    found = {}
+    for unit in sorted({process.unit for process, _ in stale if process.unit and process.unit.endswith(".service")}):
+        if unit in siblings:
+            found[unit] = f"the server of inventory host {siblings[unit]} on this machine"
+        elif claims(host.get_fact(FileText, path=f"{SYSTEMD_DIR}/{unit}") or ""):
+            found[unit] = "a server of sglang-converge (its unit file carries our marker)"
+    return found
 
 
 def describe(process: GpuApp, gpu: int) -> str:
@@ -95,6 +116,7 @@ def stale_gpu_processes_stopped(
     grace_s: float = 30,
     protect_units: list[str] | None = None,
     protect_process_names: list[str] | None = None,
+    siblings: dict[str, str] | None = None,
 ):
     """
     Stop compute processes on ``gpu_ids`` that are not in ``own_unit``: one
@@ -102,6 +124,8 @@ def stale_gpu_processes_stopped(
     Restart= would undo a kill), any other with SIGTERM, then SIGKILL after
     ``grace_s``; then wait until nvidia-smi shows their memory freed.
     Protected units and process names are never touched: they fail the step.
+    Nor is a sibling server (``siblings``: {unit: inventory host} of the
+    other servers on this machine, or a unit file with our marker).
 
     + python: the server venv's python, whose pynvml reads NVML (nvidia-smi when it cannot)
     + policy: "stop", "fail" (refuse to continue) or "ignore"
@@ -123,6 +147,15 @@ def stale_gpu_processes_stopped(
     if policy == "ignore":
         plan("stale GPU processes ignored (stale_policy = 'ignore'): " + "; ".join(lines))
         host.noop("stale GPU processes ignored: " + "; ".join(lines))
+        return
+    ours = sibling_servers(stale, siblings or {})
+    if ours:
+        message = ("stale GPU processes on our GPUs, not stopped: sibling servers of this deploy (never stopped; "
+                   "their gpu_ids must not overlap ours: stop or move that server first)\n" + "\n".join(
+                       f"  {describe(process, gpu)}: {ours[process.unit]}" for process, gpu in stale
+                       if process.unit in ours))
+        plan(message)
+        yield fail_command(message)
         return
     units_protected = set(protect_units or [])
     names_protected = set(protect_process_names or [])
@@ -159,5 +192,6 @@ def stale_gpu(spec: Spec) -> None:
         grace_s=spec.stale_grace_s,
         protect_units=list(spec.protect_units),
         protect_process_names=list(spec.protect_process_names),
+        siblings=sibling_units(host),
         name=f"stale GPU processes on GPUs {','.join(map(str, spec.gpu_ids))}",
     )

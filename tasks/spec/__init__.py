@@ -29,6 +29,7 @@ The modules, in the order they build on each other:
 - base, server_settings, router_settings: the settings of each host kind
 - built: Spec and RouterSpec, the derived values
 - build: host data -> a spec (build_spec, host_spec)
+- machines: several servers on one machine (sibling_units, machine_problems)
 - inventory: checks across hosts (validate_inventory, node_groups)
 """
 
@@ -47,6 +48,7 @@ from tasks.spec.built import AnySpec, RouterSpec, Spec, backend_choices, local_h
 from tasks.spec.errors import SpecError
 from tasks.spec.fields import GpuId, Number
 from tasks.spec.inventory import node_groups, router_key_problems, validate_inventory
+from tasks.spec.machines import machine_of, machine_problems, sibling_units
 from tasks.spec.profile import DraftModel, ModelProfile, Quantization, available_profiles, load_profile
 from tasks.spec.router_settings import ROUTER_KEYS, RouterSettings
 from tasks.spec.server_settings import DATA_KEYS, HostSettings, NodeGroup
@@ -116,7 +118,10 @@ __all__ = [
     "host_spec",
     "load_profile",
     "local_http_url",
+    "machine_of",
+    "machine_problems",
     "node_groups",
     "router_key_problems",
+    "sibling_units",
     "validate_inventory",
 ]

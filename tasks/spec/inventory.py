@@ -1,5 +1,6 @@
 """Checks across the hosts of an inventory: every targeted host valid, node
-groups consistent, a router and its servers on one API key.
+groups consistent, a router and its servers on one API key, the servers of
+one machine apart (tasks/spec/machines.py).
 
 ``validate_inventory`` keeps its result on the inventory object, so deploy.py
 may call it from each host's run (and config.py before connecting)."""
@@ -15,6 +16,7 @@ from pyinfra.api.inventory import Inventory
 from tasks.spec.build import host_spec
 from tasks.spec.built import AnySpec, RouterSpec, Spec
 from tasks.spec.errors import SpecError
+from tasks.spec.machines import machine_of, machine_problems
 
 # Where validate_inventory keeps its result: an attribute of the pyinfra Inventory object.
 SPECS_ATTR = "_sglang_converge_specs"
@@ -172,6 +174,22 @@ def router_key_problems(specs: Mapping[str, AnySpec]) -> list[str]:
     return lines
 
 
+def _machine_specs(inventory: Inventory, specs: dict[str, AnySpec]) -> dict[str, AnySpec]:
+    """``specs`` plus, where they build, the untargeted servers on a targeted host's machine (in
+    inventory order): a server left out by --limit still holds its GPUs and port."""
+    machines = {machine_of(h) for h in inventory if h.name in specs}
+    out: dict[str, AnySpec] = {}
+    for other in inventory:
+        if other.name in specs:
+            out[other.name] = specs[other.name]
+        elif machine_of(other) in machines and other.data.get("role") != "router":
+            try:
+                out[other.name] = host_spec(other)
+            except SpecError:
+                pass  # its own run reports it
+    return out
+
+
 def targeted_hosts(inventory: Inventory) -> list[Host]:
     """The inventory's hosts within --limit (all of them before a State exists)."""
     state: Any = getattr(inventory, "state", None)
@@ -201,7 +219,9 @@ def validate_inventory(inventory: Inventory) -> dict[str, AnySpec]:
             bad.append(host.name)
             lines.extend(e.lines)
     inventory_names = {h.name for h in inventory}
-    for line in group_problems(specs, inventory_names, {h.name for h in targeted}) + router_key_problems(specs):
+    names = {h.name for h in targeted}
+    apart = machine_problems(_machine_specs(inventory, specs), {h.name: machine_of(h) for h in inventory}, names)
+    for line in group_problems(specs, inventory_names, names) + router_key_problems(specs) + apart:
         name = line.split(":", 1)[0]
         if name not in bad:
             bad.append(name)

@@ -1,7 +1,7 @@
 """The model step when its download does not finish, end to end on a sandbox host: the
 deploy runs preflight, python_env and model (tests/integration/steps_deploy.py).
 
-- the download unit killed (`systemctl kill -s KILL sglang-model-fetch.service`): the run
+- the download unit killed (`systemctl kill -s KILL sglang-model-fetch-tiny-<digest>.service`): the run
   fails naming SIGKILL, the host holds no marker and no download process; the next run
   converges and fetches again only the file that was in flight (and says how many bytes);
   the run after changes nothing;
@@ -31,6 +31,7 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub.errors import RevisionNotFoundError
 
+from core.paths import fetch_unit_name
 from facts.model_dir import ModelDir, ModelDirState
 from sandbox import hosts as sandbox_api
 from sandbox import hubd
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.sandbox
 
 INDEX = 220
 STEPS = "preflight,python_env,model"
-FETCH_UNIT = "sglang-model-fetch.service"
+FETCH_UNIT = fetch_unit_name(f"/srv/models/{hubd.profile()['served_model_name']}")  # the bed's model dir's unit
 VENV = "/opt/sglang/venv"  # group_data/all.py venv_path
 MISSING = "fedcba9876543210fedcba9876543210fedcba98"  # a revision the Hub does not have
 FETCHED_RE = re.compile(r"model: fetched (\d+) bytes of files \((\d+) bytes in all\)")
@@ -204,7 +205,7 @@ def test_a_killed_download_fails_naming_sigkill_then_converges_fetching_only_wha
     try:
         t0 = time.monotonic()
         run = background_deploy(bed)
-        run.wait_for("model: downloading in sglang-model-fetch.service", timeout=300)  # python_env first
+        run.wait_for(f"model: downloading in {FETCH_UNIT}", timeout=300)  # python_env first
         FIGURES["first run to the download"] = time.monotonic() - t0
         others = set(bed.sizes) - {stalled}
         wait_until(lambda: others <= complete_files(bed), 60, "every file but the stalled shard")
@@ -249,7 +250,7 @@ def test_a_reboot_mid_download_fails_the_run_then_a_rerun_converges(bed):
     run = None
     try:
         run = background_deploy(bed)
-        run.wait_for("model: downloading in sglang-model-fetch.service", timeout=120)
+        run.wait_for(f"model: downloading in {FETCH_UNIT}", timeout=120)
         boot = boot_id(bed)
         assert fetch_processes(bed), "the download runs"
         t0 = time.monotonic()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from core.paths import fetch_unit_name, token_file
 from sandbox import hosts as sandbox_hosts_api
 from sandbox import hubd
 from sandbox.hub import HubServer
@@ -41,10 +42,10 @@ pytestmark = pytest.mark.sandbox
 
 INDEX = int(os.environ.get("SGC_FAULTS_HOST_INDEX", "270"))  # this module's range: 270-279
 STEPS = "preflight,python_env,model"
-FETCH_UNIT = "sglang-model-fetch.service"
-TOKEN_FILE = "/etc/sglang/hf-token"  # core.paths.TOKEN_FILE
 MARKER = ".sglang-converge.json"  # core.paths.MODEL_MARKER
 MODELS_ROOT = "/srv/models"
+FETCH_UNIT = fetch_unit_name(f"{MODELS_ROOT}/{hubd.profile()['served_model_name']}")  # the bed's model dir's unit
+TOKEN_FILE = token_file("sglang")  # the default unit's (sglang.service) token file
 # the download's retry settings for these runs (download_* in group_data/all.py; defaults 5, 5 s, 30 s):
 # 5 attempts per phase, 1 s after the first failure, doubling; huggingface_hub's read timeout 10 s
 ATTEMPTS = 5

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from core.paths import fetch_unit_name
 from tests.integration.fleet_helpers import (
     ROUTER,
     SERVERS,
@@ -67,12 +68,12 @@ def test_the_fleet_took_the_model_from_the_hub_once_and_the_rest_from_the_canary
     assert [file_bytes(name) for name in ("sgc12", "sgc13", "sgc14")] == [0, 0, 0]
     for name in ("sgc12", "sgc13", "sgc14"):
         host = hosts[name]
-        journal = host.run("journalctl -u sglang-model-fetch.service -o cat --no-pager").stdout
+        journal = host.run(f"journalctl -u {fetch_unit_name('/srv/models/tiny')} -o cat --no-pager").stdout
         assert re.search(rf"seed: copied \d+ files, {model_bytes} bytes from the peer", journal), journal[-3000:]
         assert "verified" in journal and "by digest" in journal
         theirs = json.loads(host.run("cat /srv/models/tiny/.sglang-converge.json").stdout)
         assert theirs["digests"] == marker["digests"] and theirs["revision"] == marker["revision"]
-        assert host.run("ls /etc/sglang/seed-key /etc/sglang/seed-known-hosts", check=False).returncode != 0
+        assert host.run("ls /etc/sglang/*seed-key /etc/sglang/*seed-known-hosts", check=False).returncode != 0
     # the peer's key for this rollout is gone (and was there: the copy needed it)
     keys = hosts["sgc11"].run("cat /root/.ssh/authorized_keys").stdout
     assert "sglang-converge-seed-" not in keys and keys.strip()

@@ -1,16 +1,34 @@
 """SGLang's real router (sglang-router from PyPI on sgc10) in front of the
 sandbox servers (sgc11..sgc14): a rolling restart of every server while
 clients send chat requests through the router loses no request; a router
-restart gets its workers registered again."""
+restart gets its workers registered again; the router's guest killed in the
+middle of a rollout stops it (naming the router and the server left out of
+it), and once the router is back the next rollout puts every server back."""
 
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
 import uuid
 
 import pytest
 
 from tests.integration.clients import CLIENTS, Clients
-from tests.integration.fleet_helpers import ROUTER, ROUTER_URL, SERVERS, fleet, override, rollout, started_us, summary
+from tests.integration.fleet_helpers import (
+    ENV,
+    ROOT,
+    ROUTER,
+    ROUTER_URL,
+    SERVERS,
+    fleet,
+    override,
+    rollout,
+    started_us,
+    summary,
+    wait_for_ssh,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -64,3 +82,120 @@ def test_router_restart_registers_its_workers_again(hosts, tmp_path):
     restored = rollout("--limit", ROUTER, "-q")
     assert restored.returncode == 0, restored.out[-5000:]
     assert healthy_workers(hosts[ROUTER]) == [f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)]
+
+
+ALL = [f"http://10.77.{i}.2:30000" for i in (11, 12, 13, 14)]
+
+
+def rollout_in_background(*args: str) -> tuple[subprocess.Popen, list[str]]:
+    """The command fleet_helpers.rollout runs, started: (the process, its output lines as they come)."""
+    argv = [sys.executable, "-m", "rollout", "inventory/sandbox_fleet.py", *args]
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **ENV, "COLUMNS": "200"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout or []:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines
+
+
+def wait_for_line(proc: subprocess.Popen, lines: list[str], text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in list(lines)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no line with {text!r} within {timeout:.0f} s (exit {proc.poll()}):\n"
+                                 + "".join(lines)[-5000:])
+        time.sleep(0.05)
+
+
+def router_back(hosts) -> None:
+    """Boot the killed router guest again on its disk (its venv and unit kept), until ssh answers."""
+    from sandbox import hosts as sandbox_api
+
+    [router] = sandbox_api.up(indexes=[int(ROUTER[3:])])
+    wait_for_ssh([router])
+    hosts[ROUTER] = router  # its new nspawn pid, for the tests after this one
+
+
+def worker_id(router_host, url: str) -> str | None:
+    body = json.loads(router_host.run("curl -s localhost:30000/workers").stdout)
+    return next((w["id"] for w in body["workers"] if w["url"].rstrip("/") == url), None)
+
+
+def test_a_router_lost_mid_rollout_stops_it_and_the_next_rollout_puts_every_server_back(hosts, tmp_path):
+    """Issue 22.4: the router's guest killed (power cut, disk kept) while the first server of a rollout in
+    batches of 1 is out of the router for its restart. The rollout stops after that batch whatever
+    --max-failed, naming the router and what failed, later servers untouched, the summary naming the
+    server out of the router; the router booted again, the next rollout registers every server (also
+    one it does not restart) and the one after changes nothing."""
+    from sandbox import hosts as sandbox_api
+
+    assert healthy_workers(hosts[ROUTER]) == ALL
+    before = {name: started_us(hosts[name]) for name in SERVERS}
+    # a 5 s load: the router is killed after sgc11's drain, well before its registration
+    folder = override(tmp_path, extra_env={"SANDBOX_SGLANG_PARSER": "fallback", "SANDBOX_LOAD_SECONDS": "5",
+                                           "SGC_ROUTER_LOST": uuid.uuid4().hex[:8]})
+    args = ("--batch-size", "1", "--max-failed", "3", "-q", "--group-data", folder)
+    proc, lines = rollout_in_background(*args)
+    killed = False
+    try:
+        wait_for_line(proc, lines, f"drained: {ALL[0]} out of the router", timeout=600)
+        sandbox_api.kill(ROUTER)
+        killed, killed_at = True, time.monotonic()
+        returncode = proc.wait(timeout=300)
+        took = time.monotonic() - killed_at
+        out = "".join(lines)
+        assert returncode == 1, out[-5000:]
+        assert took < 120, f"the rollout ended {took:.0f} s after the router was killed"
+        assert (f"rollout: stopped after batch 1: router lost: sgc11: the router at {ROUTER_URL}: "
+                f"GET {ROUTER_URL}/workers got no answer from sgc11 while registering {ALL[0]}") in out, out[-5000:]
+        assert ("a lost router stops the whole rollout, whatever --max-failed (3); "
+                "not touched: sgc12, sgc13, sgc14") in out
+        rows = summary(out)
+        assert rows["sgc11"]["result"] == "failed" and ROUTER_URL in rows["sgc11"]["error"], rows
+        assert [rows[name]["result"] for name in SERVERS[1:]] == ["not run"] * 3, rows
+        assert f"rollout: out of the router: sgc11: drained from the router at {ROUTER_URL} before its restart" \
+            in out, out[-3000:]
+        assert "rollout: 1 server(s) out of the router (sgc11): once the router answers again" in out
+        assert started_us(hosts["sgc11"]) > before["sgc11"]  # restarted: it serves, outside any router
+        assert {name: started_us(hosts[name]) for name in SERVERS[1:]} == {n: before[n] for n in SERVERS[1:]}
+
+        router_back(hosts)
+        killed = False
+        assert hosts[ROUTER].run("test -x /opt/sglang-router/venv/bin/python", check=False).returncode == 0
+        again = rollout(*args)
+        assert again.returncode == 0, again.out[-5000:]
+        rows = summary(again.out)
+        assert rows[ROUTER]["result"] == "ok", rows
+        assert rows["sgc11"]["restarted"] == "no" and [rows[n]["restarted"] for n in SERVERS[1:]] == ["yes"] * 3
+        assert "out of the router" not in again.out and "router lost" not in again.out
+        assert healthy_workers(hosts[ROUTER]) == ALL
+
+        # a server this run does not restart (nothing changed for it), missing from the router: registered
+        hosts[ROUTER].run(f"curl -s -X DELETE localhost:30000/workers/{worker_id(hosts[ROUTER], ALL[0])}")
+        deadline = time.monotonic() + 30
+        while worker_id(hosts[ROUTER], ALL[0]) is not None:
+            assert time.monotonic() < deadline, "the router still lists sgc11 30 s after DELETE"
+            time.sleep(0.2)
+        alone = rollout("--limit", "sgc11", "-q", "--group-data", folder)
+        assert alone.returncode == 0, alone.out[-5000:]
+        row = summary(alone.out)["sgc11"]
+        assert (row["result"], row["changed"], row["restarted"]) == ("ok", "yes", "no"), row
+        assert healthy_workers(hosts[ROUTER]) == ALL
+
+        noop = rollout("--batch-size", "2", "-q", "--group-data", folder)
+        assert noop.returncode == 0, noop.out[-5000:]
+        rows = summary(noop.out)
+        for name in [ROUTER, *SERVERS]:
+            assert (rows[name]["result"], rows[name]["changed"], rows[name]["restarted"]) == ("ok", "no", "no"), rows
+        assert healthy_workers(hosts[ROUTER]) == ALL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if killed:  # the fleet as the other tests expect it: the router up, every server in it
+            router_back(hosts)
+            rollout(*args)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from core.paths import fetch_unit_name
 from sandbox import hubd, stale
 from tasks.pipeline import SERVER_PIPELINE
 from tests.integration.helpers import ROOT, boot_extra_host, grand_total, pyinfra, remove_host, unit_props
@@ -33,6 +34,7 @@ FIRST_RUN_SAYS = {
 # how many operations the first run of each step changes: preflight only checks;
 # readiness waits (1) only if the server the service step started is still loading
 MANY = range(1, 1000)
+FETCH_UNIT = fetch_unit_name(f"/srv/models/{hubd.profile()['served_model_name']}")  # the model dir's download unit
 FIRST_RUN_CHANGES = {"preflight": range(0, 1), "python_env": MANY, "model": MANY, "quant_deps": MANY,
                      "stale_gpu": MANY, "service": MANY, "readiness": range(1, 3),  # (wait +) last good kept
                      "gpu_balance": range(0, 1)}  # a check: changes nothing
@@ -62,11 +64,11 @@ def interrupted_then_attached(fresh_host, steps: str) -> subprocess.CompletedPro
         proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "SGC_STEPS": steps}, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         for line in proc.stdout:
-            if "model: downloading in sglang-model-fetch.service" in line:
+            if f"model: downloading in {FETCH_UNIT}" in line:
                 break
         os.killpg(proc.pid, signal.SIGKILL)  # the operator's laptop loses the connection
         proc.wait()
-        assert fresh_host.run("systemctl is-active sglang-model-fetch.service").stdout.strip() == "active"
+        assert fresh_host.run(f"systemctl is-active {FETCH_UNIT}").stdout.strip() == "active"
         again = pyinfra("tests/integration/steps_deploy.py", limit=fresh_host.name, env={"SGC_STEPS": steps})
     finally:
         hubd.THROTTLE_FILE.unlink(missing_ok=True)

@@ -19,7 +19,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
 from core import disk as disk_check
-from core.paths import MODEL_MARKER
+from core.paths import MODEL_MARKER, fetch_unit_name
 from core.runstate import run_state
 from facts.model_dir import ModelDir
 from sandbox.hub import HubServer
@@ -32,6 +32,7 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 FILES = {"config.json": 2_000, "model-00001-of-00002.safetensors": 20_000_000,
          "model-00002-of-00002.safetensors": 18_000_000}
 MARKER = {"repo": REPO, "revision": REVISION, "files": FILES}
+UNIT = fetch_unit_name("/srv/models/tiny")  # the download unit of fetch()'s dir
 GONE = {"LoadState": "not-found", "ActiveState": "inactive", "Result": "success", "ExecMainCode": "0",
         "ExecMainStatus": "0", "InvocationID": ""}
 
@@ -60,8 +61,11 @@ class ScriptedHost:
     """The host as _fetch sees it: each run of the unit ("life") is a list of what `systemctl show`
     answers while it runs (the last one sticks), the journal it leaves and the model dir after it."""
 
-    def __init__(self, lives: list[dict], before: dict[str, str] | None = None, lose_after: int | None = None):
+    def __init__(self, lives: list[dict], before: dict[str, str] | None = None, lose_after: int | None = None,
+                 before_dir: list[str] | None = None, start_refused: bool = False):
         self.lives, self.before, self.lose_after = lives, before or GONE, lose_after
+        self.before_dir = before_dir or []  # the model dir before any start (a sibling may have filled it)
+        self.start_refused = start_refused  # systemd-run refused: a sibling started the unit a moment before
         self.life = -1
         self.shows: list[dict[str, str]] = []
         self.commands: list[str] = []
@@ -76,6 +80,9 @@ class ScriptedHost:
         if text.startswith("systemd-run"):
             self.life += 1
             self.shows = list(self.lives[self.life]["show"])
+            if self.start_refused:
+                return False, SimpleNamespace(stdout_lines=[
+                    "Failed to start transient service unit: Unit x.service was already loaded or has a fragment file."])
             return True, SimpleNamespace(stdout_lines=[])
         if text.startswith("systemctl show"):
             props = self.before if self.life < 0 else (self.shows.pop(0) if len(self.shows) > 1 else self.shows[0])
@@ -85,7 +92,7 @@ class ScriptedHost:
         if "journalctl" in text:
             return True, SimpleNamespace(stdout_lines=self.lives[self.life]["journal"])
         if MODEL_MARKER in text:
-            return True, SimpleNamespace(stdout_lines=self.lives[self.life]["dir"])
+            return True, SimpleNamespace(stdout_lines=self.lives[self.life]["dir"] if self.life >= 0 else self.before_dir)
         return True, SimpleNamespace(stdout_lines=[])
 
     def log(self, message, log_func=None):
@@ -95,7 +102,7 @@ class ScriptedHost:
         self.logged.append(message)
 
     def starts(self) -> int:
-        return sum(1 for c in self.commands if c.startswith("systemd-run"))
+        return sum(1 for c in self.commands if c.startswith("systemd-run") and not self.start_refused)
 
 
 def fetch(host: ScriptedHost, token_file: str | None = None) -> tuple[bool, object]:
@@ -115,15 +122,15 @@ COMPLETE = {"dir": dir_lines(MARKER, FILES),
 def test_a_killed_unit_fails_the_step_naming_the_signal_and_what_is_missing():
     # the incident: systemctl kill -s KILL mid-way; the host holds no marker and one shard
     journal = ["need 38002000 bytes (0.04 GB) of 38002000; free ...",
-               "sglang-model-fetch.service: Main process exited, code=killed, status=9/KILL",
-               "sglang-model-fetch.service: Failed with result 'signal'."]
+               f"{UNIT}: Main process exited, code=killed, status=9/KILL",
+               f"{UNIT}: Failed with result 'signal'."]
     host = ScriptedHost([{"show": [RUNNING, RUNNING, KILLED], "journal": journal,
                           "dir": dir_lines(None, {"config.json": 2_000}, partial=10_485_760)}])
     ok, failed = fetch(host)
     assert ok is False and failed is not None
     assert failed.step == "model"
-    assert failed.cause.startswith("model: sglang-model-fetch.service was killed by SIGKILL (Result=signal): "
-                                   "sglang-model-fetch.service: Main process exited, code=killed, status=9/KILL")
+    assert failed.cause.startswith(f"model: {UNIT} was killed by SIGKILL (Result=signal): "
+                                   f"{UNIT}: Main process exited, code=killed, status=9/KILL")
     assert "no marker (.sglang-converge.json) for sandbox/tiny-step@0123456789ab" in failed.cause
     assert "2 of 3 files (0.038 GB (38.0 MB) of 0.038 GB (38.0 MB)) still to fetch" in failed.cause
     assert host.starts() == 1  # a kill is not undone by the step: the operator (or the OOM killer) meant it
@@ -158,7 +165,7 @@ def test_an_exit_code_is_named_with_its_meaning_and_the_failed_line():
     host = ScriptedHost([{"show": [RUNNING, exited(4)], "journal": journal, "dir": dir_lines(None, FILES)}])
     ok, failed = fetch(host)
     assert ok is False and host.starts() == 1  # 4 is not retried
-    assert failed.cause.startswith("model: sglang-model-fetch.service exited with code 4: verification failed: "
+    assert failed.cause.startswith(f"model: {UNIT} exited with code 4: verification failed: "
                                    "VERIFY FAILED: size mismatch: model-00001-of-00002.safetensors has 5 bytes")
     assert failed.detail == tuple(journal)
 
@@ -184,15 +191,14 @@ def test_a_running_download_is_attached_to_not_started_again():
     host.life, host.shows = 0, [RUNNING, GONE]
     ok, _failed = fetch(host)
     assert ok is True and host.starts() == 0
-    assert "model: attaching to the download already running (sglang-model-fetch.service)" in host.logged
+    assert f"model: attaching to the download already running ({UNIT})" in host.logged
 
 
 def test_a_lost_host_fails_the_step_with_what_a_rerun_does_and_the_token_file_is_removed():
     host = ScriptedHost([{"show": [RUNNING], "journal": [], "dir": []}], lose_after=6)
     ok, failed = fetch(host, token_file="/etc/sglang/hf-token")
     assert ok is False
-    assert failed.cause.startswith("model: lost the host while sglang-model-fetch.service ran (OSError: Socket is "
-                                   "closed)")
+    assert failed.cause.startswith(f"model: lost the host while {UNIT} ran (OSError: Socket is closed)")
     assert "after a reboot a re-run fetches only what is missing" in failed.cause
     ok, _failed = fetch(ScriptedHost([{"show": [RUNNING, GONE], **COMPLETE}]), token_file="/etc/sglang/hf-token")
     assert ok  # and on success the token file goes too:

@@ -139,5 +139,6 @@ def test_the_model_step_passes_the_peer_only_for_a_revision_it_holds(peer_holds,
     options = {"attempts": 5, "backoff_s": 5.0, "read_timeout_s": 30, "endpoint": None}
     argv = _fetch_argv("/opt/venv/bin/python", pin, 0, 0, options, None, seed)
     assert ("--seed-from root@10.0.0.1:/srv/models/a-model" in argv) is expected
-    assert ("--seed-key /etc/sglang/seed-key --seed-known-hosts /etc/sglang/seed-known-hosts" in argv) is expected
+    assert ("--seed-key /etc/sglang/sglang.seed-key --seed-known-hosts /etc/sglang/sglang.seed-known-hosts"
+            in argv) is expected
     assert "PRIVATE KEY" not in argv

@@ -240,9 +240,9 @@ def test_both_are_fetched_in_sequence_by_the_same_unit_the_model_keeping_the_dra
     assert "--reserve-bytes 7000700" in first.argv and "--reserve-bytes" not in second.argv
     assert f"--repo {DRAFT_REPO} --revision {DRAFT_REVISION} --local-dir {DRAFT_DIR}" in second.argv
     assert second.expected == DRAFT_FILES and second.need == 7_000_700
-    assert all(d.token_file == "/etc/sglang/hf-token" and "hf_secret" not in d.argv for d in fetches)
+    assert all(d.token_file == "/etc/sglang/sglang.hf-token" and "hf_secret" not in d.argv for d in fetches)
     uploads = [str(c) for c in commands if not isinstance(c, FunctionCommand)]
-    assert uploads.count("install -m 600 -o root -g root /dev/null /etc/sglang/hf-token") == 1  # once for both
+    assert uploads.count("install -m 600 -o root -g root /dev/null /etc/sglang/sglang.hf-token") == 1  # once for both
 
 
 def test_a_model_on_disk_fetches_only_the_draft_and_both_on_disk_is_a_no_op():

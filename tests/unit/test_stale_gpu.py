@@ -19,10 +19,13 @@ SESSION = GpuApp(5151, "python3", 1024 * MIB, 2, "GPU-2", "session-4.scope")
 ELSEWHERE = GpuApp(6000, "python3", 1024 * MIB, 3, "GPU-3", None)  # on a GPU we do not use
 
 
-def run_op(processes, source="nvml", **kwargs):
+def run_op(processes, source="nvml", unit_files: dict[str, str] | None = None, **kwargs):
+    """``unit_files``: {unit: its file's text} (default: no file, not ours) for the stale processes' units."""
     state = FakeState()
     usage = GpuUsage(source, "nvidia-ml-py 13.615.71, driver 580.95.05", GPUS, processes)
-    host = create_host(state, facts={"nvml.NvmlGpuUsage": {f"python={PYTHON}": usage}})
+    units = {p.unit: None for p in processes if p.unit and p.unit.endswith(".service")} | (unit_files or {})
+    host = create_host(state, facts={"nvml.NvmlGpuUsage": {f"python={PYTHON}": usage},
+                                     "files.FileText": {f"path=/etc/systemd/system/{u}": t for u, t in units.items()}})
     with ctx_state.use(state), ctx_host.use(host):
         commands = list(stale_gpu_processes_stopped._inner(gpu_ids=[0, 1, 2], own_unit="sglang.service",
                                                            python=PYTHON, **kwargs))
@@ -68,3 +71,32 @@ def test_policy_ignore_changes_nothing():
     host, commands = run_op([EMBEDDER], policy="ignore")
     assert commands == []
     assert "stale GPU processes ignored" in host.noop_description
+
+
+# --- sibling servers: another server of this deploy on the same machine is never stopped
+
+SIBLING = GpuApp(7000, "python3", 40960 * MIB, 2, "GPU-2", "sglang-b.service")
+OURS_MARKED = "# Managed by sglang-converge (inventory): edits are overwritten by the next deploy.\n[Unit]\n"
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"siblings": {"sglang-b.service": "sgc240-b"}}, "the server of inventory host sgc240-b on this machine"),
+    ({"unit_files": {"sglang-b.service": OURS_MARKED}}, "a server of sglang-converge (its unit file carries our marker)"),
+])
+def test_a_sibling_server_on_our_gpus_fails_the_step_and_nothing_is_stopped(kwargs, why):
+    _host, commands = run_op([SIBLING, EMBEDDER], **kwargs)
+    assert len(commands) == 1 and commands[0].function.__name__ == "_fail"  # not even the embedder: touch nothing
+    message = commands[0].args[0]
+    assert "sibling servers of this deploy (never stopped" in message
+    assert f"pid 7000 (python3 of sglang-b.service) holds 40960 MiB on GPU 2: {why}" in message
+    assert "embedder" not in message
+
+
+def test_a_sibling_server_on_other_gpus_is_not_our_business_and_a_foreign_unit_still_stops():
+    host, commands = run_op([OURS, GpuApp(7000, "python3", 1, 3, "GPU-3", "sglang-b.service")],
+                            siblings={"sglang-b.service": "sgc240-b"})
+    assert commands == [] and host.noop_description == "no other compute process on GPUs [0, 1, 2]"
+    # a unit file without our marker is someone else's: stopped as before
+    _host, commands = run_op([EMBEDDER], unit_files={"embedder.service": "[Unit]\nDescription=embedder\n"},
+                             siblings={"sglang-b.service": "sgc240-b"})
+    assert commands[0].function.__name__ == "_stop" and commands[0].args[0] == ["embedder.service"]

@@ -188,9 +188,9 @@ def test_model_refuses_a_revision_the_hub_does_not_have_before_any_change():
 def test_the_token_goes_in_a_root_only_file_never_in_argv():
     facts = {"model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(10**9)}
     _host, commands = run(model.model_downloaded, facts, token="hf_secret", **model_kwargs(sandbox_spec()))
-    assert "install -m 600 -o root -g root /dev/null /etc/sglang/hf-token" in [str(c) for c in commands]
+    assert "install -m 600 -o root -g root /dev/null /etc/sglang/sglang.hf-token" in [str(c) for c in commands]
     argv = commands[-1].args[0].argv
-    assert "hf_secret" not in argv and "--token-file /etc/sglang/hf-token" in argv
+    assert "hf_secret" not in argv and "--token-file /etc/sglang/sglang.hf-token" in argv
     # nowhere in what the FunctionCommand carries (positive control: its repr shows the argv)
     assert "hf_secret" not in repr(commands[-1].args) and "--token-file" in repr(commands[-1].args)
 
@@ -352,9 +352,11 @@ def test_the_compressed_tensors_upgrade_runs_under_the_venvs_pip_lock():
     assert len(installs) == 1
     # the same lock, taken the same way, as python_env's pip (core/venv_ops.locked)
     assert installs[0].startswith(f"flock -w {venv_ops.PIP_LOCK_WAIT_S} -E {venv_ops.PIP_LOCK_TIMEOUT_RC} {LOCK} sh -c ")
+    held = quant_deps.constraints_path("".join(line + "\n" for line in upgrade.args[2]))
+    assert held.startswith(f"{CACHE_DIR}/hold-constraints-")  # named by the hold list: siblings never mix theirs
     assert installs[0] == venv_ops.locked("/opt/sglang/venv", (
         "/opt/sglang/venv/bin/python -m pip --disable-pip-version-check install --upgrade "
-        f"-c {CACHE_DIR}/hold-constraints.txt compressed-tensors==0.18.0 2>&1"))
+        f"-c {held} compressed-tensors==0.18.0 2>&1"))
     # the lock is looked at first, and a held one is said: the upgrade waits for the other pip
     assert host.commands.index(f"flock -n {LOCK} true") < host.commands.index(installs[0])
     assert any(line.startswith("quant deps: another pip is changing /opt/sglang/venv") for line in host.logs)
