@@ -32,9 +32,11 @@ from pyinfra import host as current_host, logger
 from pyinfra.api import QuoteString, StringCommand
 
 from core.changes import changing
+from core.fingerprint import LaunchPlan, fingerprint_path, launch_matches_plan
 from core.ops import stream
+from core.speed_gate import decode_speed_as_expected, speed_path
 from core.paths import STATE_DIR
-from core.router_api import register_workers
+from core.router_membership import registered
 from core.runstate import Failure, run_state
 from core.stamps import package_changes, pending_stamp_path, read_stamp, stamp_path
 from facts.files import FileText
@@ -75,6 +77,11 @@ def last_good_written(spec: Spec) -> list[StringCommand]:
     script = (f"set -e; umask 077; d={shlex.quote(target)}; t=\"$d.new\"; rm -rf \"$t\"; "
               f"install -d -m 700 {shlex.quote(STATE_DIR)} {shlex.quote(STATE_DIR + '/last-good')} \"$t\"; "
               f"{copies}; cp -p {shlex.quote(stamp_path(spec))} \"$t/stamp.json\"; "
+              # what SGLang chose when it started with this configuration (core/fingerprint.py)
+              f"if [ -f {shlex.quote(fingerprint_path(spec))} ]; then "
+              f"cp -p {shlex.quote(fingerprint_path(spec))} \"$t/fingerprint.json\"; fi; "
+              # and the decode speed it measured then (core/speed_gate.py)
+              f"if [ -f {shlex.quote(speed_path(spec))} ]; then cp -p {shlex.quote(speed_path(spec))} \"$t/speed.json\"; fi; "
               "date -u +%Y-%m-%dT%H:%M:%SZ > \"$t/recorded_at\"; "
               f"p={shlex.quote(previous_good_dir(spec))}; "
               "if [ -d \"$d\" ]; then rm -rf \"$p\"; mv \"$d\" \"$p\"; fi; mv \"$t\" \"$d\"")
@@ -138,12 +145,16 @@ def _say(host, line: str) -> None:
     host.log_styled(line, fg="red", log_func=logger.error)
 
 
-def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec) -> bool:
-    """FunctionCommand body of the readiness step: wait until ready (core/ops.stream). When the
-    server this run (re)started fails, put the last good configuration back (when allowed and
-    possible), wait until it serves, and fail with ``rolled back: <cause>``."""
+def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec, plan: LaunchPlan | None = None) -> bool:
+    """FunctionCommand body of the readiness step: wait until ready (core/ops.stream), and what the
+    server chose matches ``plan`` (core/fingerprint.py). When the server this run (re)started fails
+    either, put the last good configuration back (when allowed and possible), wait until it serves,
+    and fail with ``rolled back: <cause>``."""
     run = run_state(state)
-    if stream(state, host, command, timeout, step=STEP, changes=()):  # a wait changes no file
+    # the wait changes no file but the fingerprint it keeps
+    if stream(state, host, command, timeout, step=STEP, changes=(fingerprint_path(spec),)) and (
+            plan is None or (launch_matches_plan(state, host, spec, plan)
+                             and decode_speed_as_expected(state, host, spec, last_good_dir(spec)))):
         if host.name in run.restarted_at:  # the time to ready, for the rollout's summary (tasks/readiness.py)
             run.ready_s[host.name] = time.monotonic() - run.restarted_at[host.name]
         return True
@@ -169,7 +180,7 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec) ->
                                      f"(after {failure.cause})", failure.detail + tuple(lines))
         _say(host, f"readiness: {failures[-1].cause}")
         return False
-    if not stream(state, host, command, timeout, step=STEP, changes=()):
+    if not stream(state, host, command, timeout, step=STEP, changes=(fingerprint_path(spec),)):
         again = failures.pop()
         failures[-1] = Failure(STEP, f"rollback failed: the last good configuration does not serve either "
                                      f"({again.cause}); first: {failure.cause}", failure.detail + again.detail)
@@ -186,8 +197,7 @@ def _back_in_router(state, host, spec: Spec) -> None:
     """The rolled-back server serves: back into the router it was drained from (the run still fails)."""
     if spec.router_url is None or spec.worker_url is None:
         return
-    if register_workers(state, host, spec.venv_python, spec.router_url, [spec.worker_url], False,
-                        auth_file=spec.auth_file):
+    if registered(state, host, spec.venv_python, spec.router_url, spec.worker_url, spec.auth_file):
         _say(host, f"readiness: {spec.worker_url} is back in the router at {spec.router_url} (the last good "
                    f"configuration serves)")
     else:

@@ -49,6 +49,10 @@ readiness_timeout_s = 3600  # seconds to wait for /health 200 (big models load f
 start_stall_s = 900         # a start with no progress this long fails (no new SGLang log line on any rank and
                             # no change of GPU memory; a 595 GB load moves GPU memory throughout, and the
                             # longest silent step, a first start's kernel JIT, takes minutes); None: no check
+kv_plan_tolerance = 0.5     # once it serves, SGLang's KV pool (max_total_num_tokens) must hold at least this
+                            # fraction of the memory fit's tokens, or readiness fails (0: not checked)
+perf_tolerance = 0.8        # after a restart, a short decode measurement (concurrency 1 and 4, 128 tokens,
+                            # <= 30 s each) must reach this fraction of the host's last good tok/s (0: off)
 rollback_on_failure = True  # a restart that fails readiness puts the last good config back (files; not
                             # packages or model revision), restarts it, and still fails the run ("rolled back:")
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -301,18 +302,55 @@ def load_progress(unit: str, invocation: str, ranks: int, first_rank: int) -> St
 
 def save_progress(progress: StartProgress, unit: str, invocation: str) -> None:
     try:
-        import os
-
         os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
         with open(state_path(unit, invocation), "w") as handle:
             json.dump(progress.to_json(), handle)
     except OSError:
         pass
 
+
+def start_stalled(progress: StartProgress, unit: str, invocation: str, stall_s: float | None) -> bool:
+    """Feed the new journal lines and GPU memory to ``progress``; on a stall print why (the stall
+    line is the cause, then the journal) and return True."""
+    read_journal(progress, unit, invocation)
+    progress.memory_seen(gpu_memory(), time.time())
+    stalled = progress.stalled(time.time(), stall_s)
+    if not stalled:
+        return False
+    print("\n".join(stalled))
+    for line in explain(journal_lines(unit, invocation)):
+        if not line.startswith("cause:"):
+            print(line)
+    return True
+
+
+def keep_fingerprint(url: str, key: str | None, path: str, keys: list[str]) -> None:
+    """What SGLang chose (``keys`` of its /server_info) into ``path`` (root-only), and printed; the
+    deploy holds it against its plan (core/fingerprint.py)."""
+    status, body = 0, b""
+    for route in ("/server_info", "/get_server_info"):  # 0.5.23 has both; older servers only the second
+        status, body = get(url + route, key)
+        if status == 200:
+            break
+    try:
+        info = json.loads(body) if status == 200 else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        print(f"fingerprint: /server_info answered {status or 'nothing'}: not kept")
+        return
+    kept = {name: info[name] for name in keys if name in info}
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path + ".new", "w", opener=lambda p, flags: os.open(p, flags, 0o600)) as handle:
+        json.dump(kept, handle, sort_keys=True)
+    os.replace(path + ".new", path)
+    print("fingerprint: " + json.dumps(kept, sort_keys=True))
+
+
 PENDING = 3
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--unit", required=True)
     parser.add_argument("--url")
@@ -327,10 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall", type=float, default=None)
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--first-rank", type=int, default=0)
+    parser.add_argument("--fingerprint-file", default=None)
+    parser.add_argument("--fingerprint-keys", default="")
     args = parser.parse_args(argv)
     if not args.watch and not (args.url and args.served_name):
         parser.error("--url and --served-name are required unless --watch")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     key = api_key(args.options_file)
     start = time.monotonic()
     if args.baseline:
@@ -363,14 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.main_pid = progress.main_pid or state.get("MainPID", "")
         if now - last_journal >= JOURNAL_POLL_S and health != 200:
             last_journal = now
-            read_journal(progress, args.unit, invocation)
-            progress.memory_seen(gpu_memory(), time.time())
-            stalled = progress.stalled(time.time(), args.stall)
-            if stalled:
-                print("\n".join(stalled))
-                for line in explain(journal_lines(args.unit, invocation)):
-                    if not line.startswith("cause:"):  # the stall is the cause
-                        print(line)
+            if start_stalled(progress, args.unit, invocation, args.stall):
                 return 1
         if not args.watch:
             health, _ = get(args.url + "/health", None)
@@ -383,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                 if status == 200 and args.served_name in served:
                     print(f"ready: {args.unit} serves {args.served_name} at {args.url} "
                           f"({waited:.1f} s to ready, pid {state.get('MainPID')})")
+                    if args.fingerprint_file:
+                        keep_fingerprint(args.url, key, args.fingerprint_file, args.fingerprint_keys.split(","))
                     return 0
                 if status in (401, 403):
                     print(f"FAILED: /v1/models answered {status}: the API key in {args.options_file} is refused")

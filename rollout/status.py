@@ -6,8 +6,9 @@ reads (nothing is changed, no operation runs):
 - servers: the unit's state and restart count, /health, the model revision
   on disk, drift - why the next deploy would restart the server (the unit,
   env or options file, the venv packages or the model revision differ from
-  what it was started with) - and, behind a router, whether the router lists
-  it healthy;
+  what it was started with) - the launch fingerprint kept with the last
+  good configuration (what SGLang chose: KV tokens, attention backend, ...,
+  core/fingerprint.py) and, behind a router, whether the router lists it healthy;
 - routers: the unit, /liveness, and how many workers it lists healthy.
 
 Exit status 0 when every host is as the settings want it and serving, 1
@@ -16,6 +17,7 @@ otherwise (a monitor can run it), 2 for invalid settings.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,6 +34,7 @@ class HostStatus:
     revision: str = "-"  # the model revision on disk (short)
     drift: list[str] = field(default_factory=list)  # why the next deploy would restart it
     router: str = "-"  # "healthy", "not listed", "unhealthy", or a router's "2/3 healthy"
+    launch: str = "-"  # the last good configuration's launch fingerprint (core/fingerprint.summary)
     error: str = ""
 
     @property
@@ -56,11 +59,14 @@ def server_status(spec: Spec) -> HostStatus:
     """A server's status from its facts (inside pyinfra's host context)."""
     from pyinfra import host
 
+    from facts.files import FileText
     from facts.http import HttpStatus
     from facts.model_dir import ModelDirState
     from facts.router import RouterWorkers
     from facts.systemd import SystemdUnitState
     from core.checks import resolved_spec
+    from core.fingerprint import summary
+    from core.last_good import last_good_dir
     from core.render import render
     from core.server import local_url
     from core.stamps import restart_reasons
@@ -78,6 +84,11 @@ def server_status(spec: Spec) -> HostStatus:
     revision = marker.get("revision")
     row.revision = str(revision)[:12] if revision else "not downloaded"
     row.drift = _not_the_unit(restart_reasons(spec, render(spec), unit_state=unit), spec.unit_name)
+    kept = host.get_fact(FileText, path=f"{last_good_dir(spec)}/fingerprint.json")
+    try:
+        row.launch = summary(json.loads(kept)) if kept else "-"
+    except ValueError:
+        row.launch = "unreadable"
     if spec.router_url:
         listed = host.get_fact(RouterWorkers, router_url=spec.router_url, auth_file=spec.auth_file)
         mine = [w for w in listed or [] if w.url == spec.worker_url]
@@ -153,12 +164,12 @@ def status_table(rows: list[HostStatus]):
 
     table = Table(title="fleet status (read-only)")
     for column in ("host", "role", "unit", "serving", "model revision", "drift (next deploy restarts)",
-                   "router", "error"):
+                   "router", "launch (last good)", "error"):
         table.add_column(column, overflow="fold")
     for row in rows:
         serving = "-" if row.serving is None else ("yes" if row.serving else "NO")
         table.add_row(row.host, row.role, row.unit, serving, row.revision,
-                      "; ".join(row.drift) or "none", row.router, row.error)
+                      "; ".join(row.drift) or "none", row.router, row.launch, row.error)
     return table
 
 

@@ -73,6 +73,8 @@ logger, source files), compressed_tensors, safetensors and yaml (--config).
 Environment (all optional):
   SANDBOX_LOAD_SECONDS      simulated load + warmup time, float, default 3
   SANDBOX_GEN_DELAY_S       time each generation request takes, default 0.05
+  SANDBOX_KV_FRACTION       the KV pool is this fraction of what the memory
+                            leaves (a fault: a pool far smaller than planned)
   SANDBOX_HANG_RANK         this TP rank hangs after "Load weight begin." and
                             logs nothing more (a fault: the start stalls)
   SANDBOX_SGLANG_PARSER     auto (default) | real | fallback
@@ -894,7 +896,8 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     time.sleep(load_seconds * 0.6)
     hold = int(cfg["mem_fraction_static"] * gpu["memory_total_mib"])
     held = hold / 1024
-    weights = held * 0.6
+    # the rank's share of the checkpoint (the real bytes of its files), as SGLang's load would hold it
+    weights = sum(os.path.getsize(f) for f in files if f.endswith(".safetensors")) / max(1, cfg["tp_size"]) / 2**30
     arch = (model_config.get("architectures") or ["?"])[0]
     quant_str = f"quant={quant}, " if quant else ""
     log(f"Load weight end. elapsed={load_seconds * 0.6:.2f} s, type={arch}, {quant_str}"
@@ -907,8 +910,7 @@ def _rank_init(cfg: dict, gpusim) -> dict:
             f"Current value: mem_fraction_static={cfg['mem_fraction_static']}"
         )
     gpusim.register(os.getpid(), {idx: hold}, name="python3")
-    kv = held - weights
-    tokens = int(kv * 1024 * 4)
+    tokens, kv = kv_pool_tokens(model_config, cfg, avail, weights)
     log(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {tokens}, KV size: {kv:.2f} GB",
         logger=_scheduler_logger)
     log(f"Memory pool end. avail mem={avail - held:.2f} GB", logger=_scheduler_logger)
@@ -921,7 +923,8 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     log(f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
         f"max_running_requests=1024, context_len={ctx}, available_gpu_mem={avail - held:.2f} GB",
         logger=_scheduler_logger)
-    return {"tp_rank": cfg["tp_rank"], "pid": os.getpid(), "max_total_num_tokens": tokens}
+    return {"tp_rank": cfg["tp_rank"], "pid": os.getpid(), "max_total_num_tokens": tokens,
+            "max_req_input_len": ctx - 1}
 
 
 class CheckChildFailed(Exception):
@@ -979,6 +982,53 @@ def load_draft(draft_path: str, algorithm: str | None) -> tuple[str, int]:
     return arch, tensors
 
 
+def check_context_length(context_length, model_config: dict) -> None:
+    """sglang 0.5.23 configs/model_config.py _derive_context_length: a --context-length above the
+    model's (utils/hf_transformers/common.py get_context_length) stops the start."""
+    text = model_config.get("text_config") or model_config
+    scaling = text.get("rope_scaling") or {}
+    factor = 1 if not scaling or "original_max_position_embeddings" in scaling or \
+        scaling.get("rope_type") == "llama3" else scaling.get("factor", 1)
+    keys = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+    derived = next((int(factor * text[key]) for key in keys if text.get(key) is not None), 2048)
+    if context_length is None or int(context_length) <= derived:
+        return
+    msg = (f"Warning: User-specified context_length ({context_length}) is greater than the derived context_length "
+           f"({derived}). This may lead to incorrect model outputs or CUDA errors. Note that the derived "
+           "context_length may differ from max_position_embeddings in the model's config.")
+    if os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() in ("1", "true"):
+        log(msg)
+        return
+    raise ValueError(f"{msg} To allow overriding this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+
+
+def kv_cell_bytes(model_config: dict, tp: int, kv_cache_dtype: str | None) -> int:
+    """KV bytes per token on one rank, as SGLang's pools size them (mem_cache/memory_pool.py: MLA
+    caches kv_lora_rank + qk_rope_head_dim per layer on every rank; MHA K and V of the rank's KV heads)."""
+    text = model_config.get("text_config") or model_config
+    size = 1 if str(kv_cache_dtype or "").startswith("fp8") else 2  # auto: the model's bf16
+    layers = int(text.get("num_hidden_layers") or 1)
+    if text.get("kv_lora_rank"):
+        return layers * (int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)) * size
+    heads = int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 1)
+    head_dim = int(text.get("head_dim") or text.get("hidden_size", 64) // max(1, text.get("num_attention_heads") or 1))
+    return layers * 2 * max(1, heads // max(1, tp)) * head_dim * size
+
+
+def kv_pool_tokens(model_config: dict, cfg: dict, avail_gb: float, weights_gb: float) -> tuple[int, float]:
+    """(max_total_num_tokens, KV GB) of one rank: sglang 0.5.23 mem_cache/kv_cache_configurator.py
+    _profile_available_bytes: the free memory after the weights minus the free memory before them x
+    (1 - mem_fraction_static), over the bytes per token; --max-total-tokens caps it. The fault
+    SANDBOX_KV_FRACTION scales it (a pool a fraction of the plan: memory taken by something else)."""
+    cell = kv_cell_bytes(model_config, cfg["tp_size"], cfg.get("kv_cache_dtype"))
+    rest_gb = (avail_gb - weights_gb) - avail_gb * (1 - cfg["mem_fraction_static"])
+    tokens = int(max(rest_gb, 0) * 2**30 // cell)
+    tokens = int(tokens * _env_float("SANDBOX_KV_FRACTION", 1.0))
+    if cfg.get("max_total_tokens"):
+        tokens = min(tokens, int(cfg["max_total_tokens"]))
+    return tokens, tokens * cell / 2**30
+
+
 def rank_configs(args: Args, gpus: list[dict], tp_base: int, load_seconds: float) -> list[dict]:
     """What each of this node's ranks is started with (plain data: pickled to a spawned process).
     The free memory is taken once, before any rank allocates: what SGLang's
@@ -990,6 +1040,7 @@ def rank_configs(args: Args, gpus: list[dict], tp_base: int, load_seconds: float
         {"tp_rank": tp_base + i, "local_rank": i, "gpu": g, "free_mib": free, "tp_size": args.tp_size,
          "mem_fraction_static": args.mem_fraction_static, "model_path": args.model_path,
          "context_length": args.context_length, "load_seconds": load_seconds,
+         "max_total_tokens": args.fields().get("max_total_tokens"), "kv_cache_dtype": args.fields().get("kv_cache_dtype"),
          "parent_pid": os.getpid(), "log_level": args.log_level,
          "draft_model_path": args.speculative_draft_model_path if args.speculative_algorithm else None,
          "speculative_algorithm": args.speculative_algorithm}
@@ -1007,6 +1058,7 @@ class Ranks:
         target = importlib.import_module("sglang_standin").run_rank
         self.procs: list = []
         self.conns: list = []
+        self.infos: list[dict] = []  # each rank's "ready" handshake (scheduler.py get_init_info)
         self._stop_watch = threading.Event()
         for i, cfg in enumerate(cfgs):
             parent_end, child_end = ctx.Pipe()
@@ -1041,6 +1093,7 @@ class Ranks:
                         raise self._died(i) from None
                     if data.get("status") != "ready":
                         raise RuntimeError("Initialization failed. Please see the error messages above.")
+                    self.infos.append(data)
                     break
                 for j, proc in enumerate(self.procs):
                     if not proc.is_alive():
@@ -1133,6 +1186,7 @@ class ServerState:
         self.version = version
         self.full_api = full_api
         self.ready = False
+        self.scheduler_info: dict = {}  # rank 0's ready handshake: max_total_num_tokens, max_req_input_len
         self.shutting_down = False
         self.inflight = 0
         self.total_requests = 0
@@ -1318,6 +1372,7 @@ class Handler(BaseHTTPRequestHandler):
     def server_info(self):
         st = self.state
         info = dict(st.args.json_fields())
+        info.update(st.scheduler_info)
         info.update(
             {
                 "startup_time": st.startup_time,
@@ -1375,7 +1430,7 @@ class Handler(BaseHTTPRequestHandler):
         load = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": n, "num_waiting_reqs": 0,
                 "num_waiting_uncached_tokens": 0, "num_used_tokens": n * 64, "num_total_tokens": n * 64,
                 "num_active_tokens": n * 64, "num_prealloc_ready_tokens": 0,
-                "max_total_num_tokens": int(st.args.fields().get("max_total_tokens") or 0),
+                "max_total_num_tokens": int(st.scheduler_info.get("max_total_num_tokens") or 0),
                 "max_running_requests": 1024, "token_usage": 0.0, "gen_throughput": 0.0,
                 "cache_hit_rate": 0.0, "utilization": 0.0, "total_prefill_uncached_tokens": 0,
                 "total_prefill_busy_us": 0}
@@ -1868,6 +1923,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError("--dist-init-addr is required when --nnodes > 1")
     tp_base = args.node_rank * max(1, args.tp_size // nnodes)
     model_config = load_model_config(args.model_path)
+    check_context_length(args.context_length, model_config)
     gpusim = _import_gpusim()
     gpus = select_gpus(gpusim.load_layout(), args)
     try:
@@ -1906,6 +1962,9 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
     _CLEANUP.append(ranks.kill)
     if not ranks.wait_ready(stop):
         return _shutdown(state, server, rdv, node_rank, ranks)
+    # engine.py keeps rank 0's handshake as scheduler_info; /server_info merges it (build_server_info)
+    state.scheduler_info = {"max_total_num_tokens": min(i["max_total_num_tokens"] for i in ranks.infos),
+                            "max_req_input_len": ranks.infos[0].get("max_req_input_len", 0)}
     ranks.start_watchdog()
     signal.signal(signal.SIGQUIT, _sigquit_running)
     log(f"Engine startup timings (s): load_weight={load_seconds * 0.6:.2f}, kv_cache_allocation=0.01, "

@@ -17,12 +17,15 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
+from core.fingerprint import launch_plan, wait_args
 from core.last_good import last_good_dir, last_good_stamp_path, last_good_written, ready_or_rolled_back
 from core.ops import plan, preparing
 from core.render import render
 from core.runstate import run_state
 from core.server import WAIT_SCRIPT, local_url, restarted_this_run, start_progress_args
+from core.memory_fit import memory_fit
 from core.stamps import read_stamp, restart_reasons, stamp_path
+from facts.gpu import NvidiaGpus
 from facts.http import HttpStatus
 from facts.systemd import SystemdUnitState
 from tasks.spec import Spec
@@ -51,13 +54,18 @@ def server_ready(spec: Spec):
     args = [
         spec.venv_python, "-u", "-c", WAIT_SCRIPT.read_text(),
         "--unit", spec.unit_name, "--url", url, "--served-name", spec.served_model_name,
-        "--timeout", str(spec.readiness_timeout_s), *start_progress_args(spec),
+        "--timeout", str(spec.readiness_timeout_s), *start_progress_args(spec), *wait_args(spec),
     ]
     if spec.server_options:
         args += ["--options-file", spec.options_path]
     command = " ".join(shlex.quote(arg) for arg in args)
+    # what SGLang must choose (core/fingerprint.py): the command line's values, the memory fit's KV tokens
+    plan_ = launch_plan(spec, memory_fit(spec, host.get_fact(NvidiaGpus))[0])
+    if plan_.kv_tokens:
+        plan(f"then: SGLang's KV pool holds at least {plan_.kv_tolerance:g} x {plan_.kv_tokens} tokens "
+             f"({plan_.kv_from}), and it runs {', '.join(f'{k}={v}' for k, v in plan_.equal.items())}")
     # a restart of this run that fails is rolled back to the last good configuration (core/last_good.py)
-    yield FunctionCommand(ready_or_rolled_back, (command, int(spec.readiness_timeout_s) + 60, spec), {})
+    yield FunctionCommand(ready_or_rolled_back, (command, int(spec.readiness_timeout_s) + 60, spec, plan_), {})
 
 
 @operation()

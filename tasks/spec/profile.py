@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import (BaseModel, Field, PositiveFloat, StrictBool, StrictInt, StrictStr, ValidationError,
+                      model_validator)
 
 from core.paths import MODELS_DIR
 from tasks.spec.errors import SpecError, format_errors, show, spec_lines
@@ -93,6 +94,31 @@ class DraftModel(BaseModel):
         return self
 
 
+class LaunchExpectations(BaseModel):
+    """What SGLang must have chosen once the server serves (core/fingerprint.py reads its
+    /server_info); each is checked only when set.
+
+    .. code:: yaml
+
+        expect:
+          min_kv_tokens: 400000        # max_total_num_tokens at least
+          min_context_length: 262144
+          attention_backend: triton
+          min_decode_tok_s: 60         # the speed gate's floor (always a failure, not on_mismatch)
+          on_mismatch: fail            # or warn
+    """
+
+    model_config = FROZEN
+
+    min_kv_tokens: PositiveInt | None = Field(None, description="an integer >= 1: max_total_num_tokens at least")
+    min_context_length: PositiveInt | None = Field(None, description="an integer >= 1: context_length at least")
+    attention_backend: StrictStr | None = Field(None, description="the attention backend SGLang must report")
+    min_decode_tok_s: PositiveFloat | None = Field(
+        None, description="a number > 0: decode tok/s at concurrency 1 at least (the speed gate)"
+    )
+    on_mismatch: Literal["fail", "warn"] = Field("fail", description="'fail' or 'warn'")
+
+
 class ModelProfile(BaseModel):
     """models/<name>.yaml: what to serve, pinned."""
 
@@ -112,6 +138,11 @@ class ModelProfile(BaseModel):
         None,
         description="absent, or the draft model for speculative decoding: {repo, revision, algorithm: EAGLE3, "
         "num_steps, eagle_topk, num_draft_tokens}",
+    )
+    expect: LaunchExpectations = Field(
+        default_factory=LaunchExpectations,
+        description="absent, or what SGLang must choose: {min_kv_tokens, min_context_length, attention_backend, "
+        "on_mismatch: fail|warn}",
     )
 
 

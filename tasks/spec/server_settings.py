@@ -163,6 +163,14 @@ class HostSettings(CommonSettings):
     start_stall_s: Number | None = Field(
         900.0, gt=0, description="seconds a start may make no progress, a number > 0, or None (no stall check)"
     )
+    kv_plan_tolerance: Number = Field(
+        0.5, ge=0, le=1, description="a number 0..1: the KV pool SGLang allocates holds at least this fraction "
+        "of the memory fit's tokens (0: not checked)"
+    )
+    perf_tolerance: Number = Field(
+        0.8, ge=0, le=1, description="a number 0..1: decode tok/s after a restart at least this fraction of the "
+        "host's last good figure (0: not measured)"
+    )
     rollback_on_failure: StrictBool = Field(
         True, description="True or False: put the last good configuration back when a restart fails readiness"
     )

@@ -58,6 +58,13 @@ def test_the_real_server_is_what_serves_and_it_answers_a_chat_request(real):
     out = real.converge_out
     assert "ready: sglang.service serves tiny-llama" in out, out[-4000:]
     assert "SIMULATED" in out  # the output says the GPU is simulated
+    # the launch fingerprint read from the real /server_info, as planned (--max-total-tokens caps the memory fit)
+    assert "readiness: launch fingerprint as planned: max_total_num_tokens=8192, attention_backend=torch_native" \
+        in out, out[-4000:]
+    speed = re.search(r"readiness: decode speed as expected: concurrency 1 ([\d.]+) tok/s, concurrency 4 ([\d.]+) "
+                      r"tok/s", out)  # the real server's /generate, measured (and kept with the last good config)
+    assert speed and float(speed.group(1)) > 0 and float(speed.group(2)) > 0, out[-4000:]
+    print(f"\nreal server decode: concurrency 1 {speed.group(1)} tok/s, concurrency 4 {speed.group(2)} tok/s")
     unit = real.run("cat /etc/systemd/system/sglang.service").stdout
     assert "server_launch.py sglang.launch_server --model-path /srv/models/tiny-llama" in unit, unit
     log = journal(real)
@@ -192,14 +199,21 @@ def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mod
 PROBE_UNIT, PROBE_PORT = "sglang-standin-probe.service", 30100
 
 
+def unit_argv(host, module: str | None = None, port: int = PROBE_PORT) -> list[str]:
+    """The production unit's command line, the server module (sglang.launch_server) and port swapped."""
+    exec_start = host.run("systemctl show sglang.service -p ExecStart --value").stdout
+    argv = exec_start.split("argv[]=", 1)[1].split(" ;", 1)[0].split()
+    if module:
+        argv[argv.index("sglang.launch_server")] = module
+    argv[argv.index("--port") + 1] = str(port)
+    return argv
+
+
 @pytest.fixture(scope="module")
 def standin(real):
     """sandbox/sglang_standin.py on the same host, with the production unit's own command line (the
     module swapped, port 30100) and options file, on simulated GPU 1: the same probes go to both."""
-    exec_start = real.run("systemctl show sglang.service -p ExecStart --value").stdout
-    argv = exec_start.split("argv[]=", 1)[1].split(" ;", 1)[0].split()
-    argv[argv.index("sglang.launch_server")] = "sglang_standin"
-    argv[argv.index("--port") + 1] = str(PROBE_PORT)
+    argv = unit_argv(real, "sglang_standin")
     real.run(f"systemctl reset-failed {PROBE_UNIT} 2>/dev/null; systemd-run --unit {PROBE_UNIT} -p KillMode=mixed "
              "--setenv=PYTHONPATH=/usr/local/lib/sandbox-gpu --setenv=SANDBOX_LOAD_SECONDS=3 "
              "--setenv=SANDBOX_GEN_DELAY_S=3 "  # a request in flight long enough to watch the drain
@@ -262,6 +276,51 @@ def test_conformance_start_and_ready_log_lines(standin):
     for line in ("The server is fired up and ready to roll!", "server_args=", "Load weight end."):
         assert line in real_log and line in sim_log, (line, sim_log[-2000:])
     assert API_KEY not in sim_log and API_KEY not in real_log
+
+
+def failed_start(host, unit: str, argv: list[str], props: str) -> tuple[dict[str, str], str]:
+    """Start ``argv`` as a transient unit that dies at start; (how systemd saw it end, its journal)."""
+    host.run(f"systemctl reset-failed {unit} 2>/dev/null; systemd-run --unit {unit} {props} {' '.join(argv)}")
+    wait_until(lambda: host.run(f"systemctl show {unit} -p ActiveState --value").stdout.strip() in ("failed", "inactive"),
+               240, f"{unit} to end")
+    ended = dict(line.split("=", 1) for line in host.run(
+        f"systemctl show {unit} -p Result -p ExecMainCode -p ExecMainStatus").stdout.split())
+    log = host.run(f"journalctl -u {unit} -o cat --no-pager", timeout=60).stdout
+    host.run(f"systemctl reset-failed {unit} 2>/dev/null; true")
+    return {key: ended[key] for key in ("Result", "ExecMainCode", "ExecMainStatus")}, log
+
+
+def test_conformance_a_start_that_fails_ends_the_same_way(standin):
+    """--context-length above the model's 4096 on both: the same ValueError (configs/model_config.py
+    _derive_context_length; found here: the stand-in did not check it), the same exit status, and
+    systemd records the same result."""
+    bad = ["--context-length", "100000"]
+    real_end, real_log = failed_start(standin, "sgc-bad-start-real.service", unit_argv(standin, port=30200) + bad,
+                                      "-p EnvironmentFile=/etc/sglang/sglang.env")
+    sim_end, sim_log = failed_start(standin, "sgc-bad-start-sim.service", unit_argv(standin, "sglang_standin", 30201)
+                                    + bad, "--setenv=PYTHONPATH=/usr/local/lib/sandbox-gpu --setenv=CUDA_VISIBLE_DEVICES=2")
+    print(f"\na start that fails: real {real_end}, stand-in {sim_end}")
+    assert real_end == sim_end, (real_end, sim_end, real_log[-2000:], sim_log[-2000:])
+    assert real_end["Result"] == "exit-code" and real_end["ExecMainStatus"] != "0"
+    line = "ValueError: Warning: User-specified context_length (100000) is greater than the derived context_length (4096)"
+    assert line in real_log and line in sim_log, (real_log[-2000:], sim_log[-2000:])
+
+
+def metric_names(text: str) -> set[str]:
+    """The sample names of a Prometheus text page."""
+    return {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_conformance_metrics_names(standin):
+    """--enable-metrics on both: every sample the stand-in serves is one the real server serves, with
+    its model_name label (what a dashboard or the draft gate reads)."""
+    both(standin, "/v1/chat/completions", CHAT)  # the request counters exist once a request was served
+    (real_code, real_text), (sim_code, sim_text) = both(standin, "/metrics")
+    assert real_code == sim_code == 200, (real_code, sim_code)
+    real_names, sim_names = metric_names(real_text), metric_names(sim_text)
+    assert {"sglang:num_running_reqs", "sglang:num_queue_reqs"} <= real_names, sorted(real_names)[:40]
+    assert sim_names and sim_names <= real_names, sorted(sim_names - real_names)
+    assert 'model_name="tiny-llama"' in real_text and 'model_name="tiny-llama"' in sim_text
 
 
 HEALTH_TRACE = """

@@ -1,10 +1,19 @@
-"""Start progress on a converged sandbox host (the shared sgc280): the readiness wait follows SGLang's
-start lines per rank and shows them; a rank that hangs in loading without a line (the stand-in's
-SANDBOX_HANG_RANK) fails the start once nothing moved for start_stall_s, naming the phase, the rank
-and its last line, instead of at readiness_timeout_s; the last good configuration serves again."""
+"""What "ready" checks beyond /health, on a converged sandbox host (the shared sgc280), each fault
+failing readiness like a crash (rolled back; the last good configuration serves again; a re-run
+changes nothing):
+
+- start progress: the wait follows SGLang's start lines per rank and shows them; a rank that hangs
+  in loading without a line (the stand-in's SANDBOX_HANG_RANK) fails once nothing moved for
+  start_stall_s, naming the phase, the rank and its last line, not at readiness_timeout_s;
+- the launch fingerprint: a KV pool a fraction of the memory fit's (SANDBOX_KV_FRACTION) fails with
+  both numbers;
+- the speed gate: decode at a fifth of the host's last good tok/s (SANDBOX_GEN_DELAY_S) fails;
+the converge's own start is each gate's positive control.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 import runpy
 
@@ -22,11 +31,26 @@ def host(request):
     return shared_converged_host(request, TIMINGS)
 
 
+def faulty(tmp_path, **env) -> str:
+    """A group_data override of the sandbox's extra_env (a restart) with the stand-in's fault env vars."""
+    extra = {**runpy.run_path(str(ROOT / "group_data" / "sandbox.py"))["extra_env"], **env}
+    (tmp_path / "sandbox.py").write_text(f"extra_env = {extra!r}\nstart_stall_s = 15\n")
+    return str(tmp_path)
+
+
+def rolled_back_and_serving(host, proc, before) -> None:
+    assert "readiness: rolled back: sglang.service serves the last good configuration again" in proc.out, \
+        proc.out[-4000:]
+    after = unit_props(host, "sglang.service")
+    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"]
+    assert host.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
+    again = pyinfra("deploy.py", limit=host.name)
+    assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
+
+
 def test_a_rank_hung_in_loading_fails_within_start_stall_s_names_it_and_is_rolled_back(host, tmp_path):
     before = unit_props(host, "sglang.service")
-    env = {**runpy.run_path(str(ROOT / "group_data" / "sandbox.py"))["extra_env"], "SANDBOX_HANG_RANK": "5"}
-    (tmp_path / "sandbox.py").write_text(f"extra_env = {env!r}\nstart_stall_s = 15\n")
-    proc = pyinfra("deploy.py", "--group-data", str(tmp_path), limit=host.name)
+    proc = pyinfra("deploy.py", "--group-data", faulty(tmp_path, SANDBOX_HANG_RANK="5"), limit=host.name)
     assert proc.returncode != 0, proc.out[-4000:]
     stall = re.search(r"FAILED: the start made no progress for (\d+) s \(start_stall_s 15\): "
                       r"stuck in 'loading weights': TP5; (.*)", proc.out)
@@ -37,9 +61,38 @@ def test_a_rank_hung_in_loading_fails_within_start_stall_s_names_it_and_is_rolle
     assert last and "TP5] Load weight begin." in last.group(1), proc.out[-4000:]
     # the run showed the phases as it went
     assert re.search(r"waiting: \d+ s, .*; start: .*loading weights \(TP5\)", proc.out), proc.out[-4000:]
-    assert "readiness: rolled back: sglang.service serves the last good configuration again" in proc.out
-    after = unit_props(host, "sglang.service")
-    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"]
-    assert host.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
-    again = pyinfra("deploy.py", limit=host.name)
-    assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
+    rolled_back_and_serving(host, proc, before)
+
+
+def test_a_kv_pool_a_fraction_of_the_plan_fails_readiness_with_both_numbers(host, tmp_path):
+    planned = re.search(r"readiness: launch fingerprint as planned: max_total_num_tokens=(\d+), .*attention_backend="
+                        r"triton", host.converge_out)
+    assert planned, host.converge_out[-4000:]  # the positive control: the converge's own start
+    kept = host.run("cat /var/lib/sglang-converge/last-good/sglang/fingerprint.json").stdout
+    assert json.loads(kept)["max_total_num_tokens"] > 0  # kept with the last good configuration
+    before = unit_props(host, "sglang.service")
+    proc = pyinfra("deploy.py", "--group-data", faulty(tmp_path, SANDBOX_KV_FRACTION="0.1"), limit=host.name)
+    assert proc.returncode != 0, proc.out[-4000:]
+    found = re.search(r"readiness: launch fingerprint: the KV pool holds (\d+) tokens \(max_total_num_tokens\), "
+                      r"below 0.5 x the (\d+) tokens the memory fit planned \((\d+)%\)", proc.out)
+    assert found, proc.out[-4000:]
+    assert 8 <= int(found.group(3)) <= 11  # a tenth of what the memory leaves, and the plan near that
+    rolled_back_and_serving(host, proc, before)
+    assert host.run("cat /var/lib/sglang-converge/last-good/sglang/fingerprint.json").stdout == kept
+
+
+def test_decode_far_slower_than_the_hosts_last_good_fails_the_speed_gate(host, tmp_path):
+    measured = re.search(r"readiness: decode speed as expected: concurrency 1 ([\d.]+) tok/s, concurrency 4 "
+                         r"([\d.]+) tok/s \(no last good figure yet on this host\)", host.converge_out)
+    assert measured, host.converge_out[-4000:]  # the positive control: the converge's own start, measured
+    kept = json.loads(host.run("cat /var/lib/sglang-converge/last-good/sglang/speed.json").stdout)
+    assert kept["tokens"] == 128 and kept["c1"]["tok_s"] > 0  # kept with the last good configuration
+    before = unit_props(host, "sglang.service")
+    # each generation 5x longer than the stand-in's default 0.05 s: decode at a fifth of the speed
+    proc = pyinfra("deploy.py", "--group-data", faulty(tmp_path, SANDBOX_GEN_DELAY_S="0.25"), limit=host.name)
+    assert proc.returncode != 0, proc.out[-4000:]
+    slow = re.search(r"readiness: speed gate: decode at concurrency 1 is ([\d.]+) tok/s, (\d+)% of this host's last "
+                     r"good ([\d.]+) tok/s \(perf_tolerance 0.8\)", proc.out)
+    assert slow and int(slow.group(2)) < 40 and float(slow.group(3)) == kept["c1"]["tok_s"], proc.out[-4000:]
+    rolled_back_and_serving(host, proc, before)
+    assert json.loads(host.run("cat /var/lib/sglang-converge/last-good/sglang/speed.json").stdout) == kept

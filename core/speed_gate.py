@@ -1,0 +1,85 @@
+"""The speed gate: once a restarted server serves as planned, a short, bounded decode measurement
+on the host (remote/decode_speed.py: concurrency 1 and 4, fixed prompt and output length) is held
+against the host's last good figure (kept with the last good configuration, speed.json) and the
+profile's floor (``expect: {min_decode_tok_s}``). Below ``perf_tolerance`` x the last good figure,
+or below the floor, readiness fails like a crash (rolled back).
+
+    ok = decode_speed_as_expected(state, host, spec)    # in the readiness step, after the fingerprint
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from pyinfra import logger
+from pyinfra.api import StringCommand
+
+from core.ops import gate_failed, stream
+from core.paths import REMOTE_SRC_DIR, STATE_DIR
+from core.server import local_url
+
+if TYPE_CHECKING:
+    from tasks.spec import Spec
+
+SPEED_SCRIPT = REMOTE_SRC_DIR / "decode_speed.py"
+TOKENS, CONCURRENCY, MAX_S = 128, (1, 4), 30
+
+
+def speed_path(spec: Spec) -> str:
+    """What the last measurement gave (copied with the last good configuration as speed.json)."""
+    return f"{STATE_DIR}/launch/{spec.unit_stem}.speed.json"
+
+
+def speed_command(spec: Spec, url: str) -> str:
+    args = [spec.venv_python, "-u", "-c", SPEED_SCRIPT.read_text(), "--url", url, "--tokens", str(TOKENS),
+            "--concurrency", ",".join(map(str, CONCURRENCY)), "--max-s", str(MAX_S), "--out", speed_path(spec)]
+    if spec.server_options:
+        args += ["--options-file", spec.options_path]
+    return " ".join(shlex.quote(arg) for arg in args)
+
+
+def compare(measured: dict[str, Any], last_good: dict[str, Any] | None, tolerance: float,
+            floor: float | None) -> list[str]:
+    """Problems: a concurrency's tok/s below tolerance x the last good one, or c1 below the floor."""
+    problems = []
+    if floor and measured.get("c1", {}).get("tok_s", 0) < floor:
+        problems.append(f"decode at concurrency 1 is {measured['c1']['tok_s']:g} tok/s, below the profile's floor "
+                        f"of {floor:g} tok/s")
+    if tolerance and last_good and last_good.get("tokens") == measured.get("tokens"):
+        for key in sorted(k for k in measured if k.startswith("c") and k in last_good):
+            now, before = measured[key]["tok_s"], last_good[key]["tok_s"]
+            if before and now < tolerance * before:
+                problems.append(f"decode at concurrency {key[1:]} is {now:g} tok/s, {now / before:.0%} of this "
+                                f"host's last good {before:g} tok/s (perf_tolerance {tolerance:g})")
+    return problems
+
+
+def _read_json(host, path: str) -> dict[str, Any] | None:
+    ok, output = host.run_shell_command(StringCommand("cat", path), print_output=False, print_input=False)
+    try:
+        found = json.loads("".join(output.stdout_lines)) if ok else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def decode_speed_as_expected(state, host, spec: Spec, last_good_dir: str) -> bool:
+    """Measure on the host and judge; a problem is recorded as the readiness failure."""
+    if not spec.perf_tolerance and not spec.profile.expect.min_decode_tok_s:
+        return True
+    if not stream(state, host, speed_command(spec, local_url(spec)), MAX_S * (len(CONCURRENCY) + 1) + 30, step="readiness",
+                  changes=(speed_path(spec),)):
+        return False
+    measured = _read_json(host, speed_path(spec)) or {}
+    last_good = _read_json(host, f"{last_good_dir}/speed.json")
+    problems = compare(measured, last_good, spec.perf_tolerance, spec.profile.expect.min_decode_tok_s)
+    if not problems:
+        against = (f"last good c1 {last_good['c1']['tok_s']:g} tok/s" if last_good and "c1" in last_good
+                   else "no last good figure yet on this host")
+        host.log("readiness: decode speed as expected: " + ", ".join(
+            f"concurrency {k[1:]} {v['tok_s']:g} tok/s" for k, v in sorted(measured.items()) if k.startswith("c"))
+            + f" ({against})", logger.warning)
+        return True
+    return gate_failed(state, host, [f"readiness: speed gate: {line}" for line in problems])
