@@ -144,11 +144,11 @@ def test_dry_rollout_plans_every_batch_and_changes_nothing(hosts, rolled, tmp_pa
 
 
 def status_rows(output: str) -> dict[str, list[str]]:
-    """--status table rows: {host: [role, unit, serving, revision, drift, router, error]}."""
+    """--status table rows: {host: [role, unit, serving, revision, drift, router, launch, error]}."""
     rows = {}
     for line in output.splitlines():
         cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
-        if len(cells) == 8 and re.fullmatch(r"sgc\d+", cells[0]):
+        if len(cells) == 9 and re.fullmatch(r"sgc\d+", cells[0]):
             rows[cells[0]] = cells[1:]
     return rows
 
@@ -162,8 +162,9 @@ def test_status_shows_the_fleet_and_drift_and_changes_nothing(hosts, rolled, tmp
     rows = status_rows(proc.out)
     assert rows[ROUTER][:3] == ["router", "active", "yes"] and rows[ROUTER][5] == "4/4 healthy"
     for name in SERVERS:
-        role, unit, serving, revision, drift, router, error = rows[name]
+        role, unit, serving, revision, drift, router, launch, error = rows[name]
         assert (role, unit, serving, drift, router, error) == ("server", "active", "yes", "none", "healthy", "")
+        assert launch.startswith("max_total"), launch  # the kept fingerprint (the cell may wrap)
         assert len(revision) == 12
     # settings the servers were not started with: drift, exit 1, and still nothing changes
     drifted = override(tmp_path, extra_env={**FAST, "SGC_ROLLOUT": "drift-" + uuid.uuid4().hex[:6]})

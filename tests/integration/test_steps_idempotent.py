@@ -123,7 +123,8 @@ def test_a_change_that_crashes_at_start_is_rolled_back_and_the_last_good_config_
     good_unit = fresh_host.run(f"cat {unit}").stdout
     kept = fresh_host.run("ls /var/lib/sglang-converge/last-good/sglang; "
                           "stat -c '%a' /var/lib/sglang-converge/last-good/sglang").stdout.split()
-    assert kept == ["env", "options", "recorded_at", "stamp.json", "unit", "700"], kept
+    # the configuration, and what SGLang chose and measured with it (core/fingerprint.py, core/speed_gate.py)
+    assert kept == ["env", "fingerprint.json", "options", "recorded_at", "speed.json", "stamp.json", "unit", "700"], kept
     (tmp_path / "sandbox.py").write_text('extra_server_args = ["--base-gpu-id", "7"]\n')
     for attempt in (1, 2):
         before = invocation(fresh_host)
