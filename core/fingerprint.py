@@ -10,15 +10,13 @@ decoding, a shorter context) fails readiness like a crash, with both values; a p
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyinfra import logger
-from pyinfra.api import StringCommand
 
 from core.memory_fit import server_arg
-from core.ops import gate_failed, record_failure
+from core.ops import gate_failed, read_host_json, record_failure
 from core.paths import STATE_DIR
 
 if TYPE_CHECKING:
@@ -121,13 +119,8 @@ def compare(plan: LaunchPlan, fingerprint: dict[str, Any]) -> tuple[list[str], l
 def launch_matches_plan(state, host, spec: Spec, plan: LaunchPlan) -> bool:
     """The readiness step, once the server serves: its kept fingerprint against ``plan``. A problem
     is recorded as the readiness failure (then rolled back like a crash); warnings are printed."""
-    ok, output = host.run_shell_command(StringCommand("cat", fingerprint_path(spec)), print_output=False,
-                                        print_input=False)
-    try:
-        found = json.loads("".join(output.stdout_lines)) if ok else None
-    except ValueError:
-        found = None
-    if not isinstance(found, dict):
+    found = read_host_json(host, fingerprint_path(spec))
+    if not found:
         cause = f"readiness: launch fingerprint: {fingerprint_path(spec)} was not written (see the wait's lines)"
         record_failure(state, host, cause, (cause,), step="readiness")
         host.log_styled(cause, fg="red", log_func=logger.error)

@@ -23,7 +23,6 @@ rollback of one rank alone would not serve).
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from pyinfra.api import QuoteString, StringCommand
 
 from core.changes import changing
 from core.fingerprint import LaunchPlan, fingerprint_path, launch_matches_plan
-from core.ops import stream
+from core.ops import read_host_json, read_host_text, stream
 from core.speed_gate import decode_speed_as_expected, speed_path
 from core.paths import STATE_DIR
 from core.router_membership import registered
@@ -100,20 +99,6 @@ def restore_script(spec: Spec, kept_dir: str | None = None) -> str:
             f"systemctl reset-failed {unit} 2>/dev/null || true; systemctl restart {unit}")
 
 
-def _read_json(host, path: str) -> dict[str, Any]:
-    try:
-        found = json.loads(_read_text(host, path) or "{}")
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _read_text(host, path: str) -> str:
-    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(path), "2>/dev/null"),
-                                        print_output=False, print_input=False)
-    return "\n".join(output.stdout_lines).strip() if ok else ""
-
-
 def same_files(kept: dict[str, Any], current: dict[str, Any]) -> bool:
     """Two stamps of the same unit, env and options files."""
     return all(kept.get(name) == current.get(name) for name in FILES)
@@ -164,12 +149,12 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec, pl
     if not failures:
         failures.append(Failure(STEP, f"{spec.unit_name} is not ready"))
     failure = failures[-1]
-    last_good = _read_json(host, last_good_stamp_path(spec))
-    why_not = why_not_rolled_back(spec, last_good, _read_json(host, stamp_path(spec)))
+    last_good = read_host_json(host, last_good_stamp_path(spec))
+    why_not = why_not_rolled_back(spec, last_good, read_host_json(host, stamp_path(spec)))
     if why_not:
         _say(host, f"readiness: not rolled back: {why_not}")
         return False
-    recorded = _read_text(host, f"{last_good_dir(spec)}/recorded_at")
+    recorded = read_host_text(host, f"{last_good_dir(spec)}/recorded_at")
     _say(host, f"readiness: rolling back to the last good configuration (serving as of {recorded or '?'}): "
                f"{spec.unit_name} restarts with it")
     ok, output = host.run_shell_command(StringCommand("sh", "-c", QuoteString(restore_script(spec))),

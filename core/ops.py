@@ -6,6 +6,7 @@ operator, and files written atomically with secrets masked in diffs.
 from __future__ import annotations
 
 import difflib
+import json
 import hashlib
 from collections.abc import Iterable
 from io import StringIO
@@ -75,6 +76,22 @@ def explaining_line(lines: list[str]) -> str:
 def record_failure(state, host, cause: str, lines: list[str] | tuple[str, ...] = (), step: str = "") -> None:
     """Remember why ``host`` failed on the run state (the rollout reads it there)."""
     run_state(state).fail(host.name, step or step_of(cause) or "deploy", cause, tuple(lines))
+
+
+def read_host_text(host, path: str) -> str:
+    """A file's text on the host, stripped ("" when it is missing), inside an executing command."""
+    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(path), "2>/dev/null"),
+                                        print_output=False, print_input=False)
+    return "\n".join(output.stdout_lines).strip() if ok else ""
+
+
+def read_host_json(host, path: str) -> dict:
+    """A JSON object file on the host; {} when it is missing or not one."""
+    try:
+        found = json.loads(read_host_text(host, path) or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def gate_failed(state, host, lines: list[str], step: str = "readiness") -> bool:

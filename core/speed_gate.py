@@ -9,14 +9,12 @@ or below the floor, readiness fails like a crash (rolled back).
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
 from pyinfra import logger
-from pyinfra.api import StringCommand
 
-from core.ops import gate_failed, stream
+from core.ops import gate_failed, read_host_json, stream
 from core.paths import REMOTE_SRC_DIR, STATE_DIR
 from core.server import local_url
 
@@ -56,15 +54,6 @@ def compare(measured: dict[str, Any], last_good: dict[str, Any] | None, toleranc
     return problems
 
 
-def _read_json(host, path: str) -> dict[str, Any] | None:
-    ok, output = host.run_shell_command(StringCommand("cat", path), print_output=False, print_input=False)
-    try:
-        found = json.loads("".join(output.stdout_lines)) if ok else None
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
-
-
 def decode_speed_as_expected(state, host, spec: Spec, last_good_dir: str) -> bool:
     """Measure on the host and judge; a problem is recorded as the readiness failure."""
     if not spec.perf_tolerance and not spec.profile.expect.min_decode_tok_s:
@@ -72,8 +61,8 @@ def decode_speed_as_expected(state, host, spec: Spec, last_good_dir: str) -> boo
     if not stream(state, host, speed_command(spec, local_url(spec)), MAX_S * (len(CONCURRENCY) + 1) + 30, step="readiness",
                   changes=(speed_path(spec),)):
         return False
-    measured = _read_json(host, speed_path(spec)) or {}
-    last_good = _read_json(host, f"{last_good_dir}/speed.json")
+    measured = read_host_json(host, speed_path(spec))
+    last_good = read_host_json(host, f"{last_good_dir}/speed.json")
     problems = compare(measured, last_good, spec.perf_tolerance, spec.profile.expect.min_decode_tok_s)
     if not problems:
         against = (f"last good c1 {last_good['c1']['tok_s']:g} tok/s" if last_good and "c1" in last_good

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit.test_multinode import load_wait_ready
+
 
 # sglang 0.5.23 at TP 1 on the real-server sandbox host (journalctl -u sglang.service -o cat), main pid 351
 REAL_TP1 = [
@@ -31,16 +30,9 @@ REAL_TP1 = [
 ]
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("wait_ready_progress", REPO / "remote" / "wait_ready.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def wr():
-    return load()
+    return load_wait_ready()
 
 
 def feed(progress, lines, at=100.0, wr=None):
