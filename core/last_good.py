@@ -31,9 +31,10 @@ from pyinfra import host as current_host, logger
 from pyinfra.api import QuoteString, StringCommand
 
 from core.changes import changing
-from core.fingerprint import LaunchPlan, fingerprint_path, launch_matches_plan
+from core.fingerprint import LaunchPlan, fingerprint_path
+from core.gates import gates_pass
 from core.ops import read_host_json, read_host_text, stream
-from core.speed_gate import decode_speed_as_expected, speed_path
+from core.speed_gate import speed_path
 from core.paths import STATE_DIR
 from core.router_membership import registered
 from core.runstate import Failure, run_state
@@ -138,8 +139,7 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec, pl
     run = run_state(state)
     # the wait changes no file but the fingerprint it keeps
     if stream(state, host, command, timeout, step=STEP, changes=(fingerprint_path(spec),)) and (
-            plan is None or (launch_matches_plan(state, host, spec, plan)
-                             and decode_speed_as_expected(state, host, spec, last_good_dir(spec)))):
+            plan is None or gates_pass(state, host, spec, plan, last_good_dir(spec))):
         if host.name in run.restarted_at:  # the time to ready, for the rollout's summary (tasks/readiness.py)
             run.ready_s[host.name] = time.monotonic() - run.restarted_at[host.name]
         return True

@@ -1,0 +1,23 @@
+"""The gates a restarted server passes after it answers (README: What ready means), in order:
+the launch fingerprint (what SGLang chose against the plan), then the decode speed. Each records
+its own failure on the run state (core/ops.gate_failed) and returns False; the first failure
+stops the chain (a server that chose the wrong KV pool is not worth timing).
+
+    ok = gates_pass(state, host, spec, plan, last_good_dir(spec))   # core/last_good.py, readiness
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core.fingerprint import LaunchPlan, launch_matches_plan
+from core.speed_gate import decode_speed_as_expected
+
+if TYPE_CHECKING:
+    from tasks.spec import Spec
+
+
+def gates_pass(state, host, spec: Spec, plan: LaunchPlan, last_good_dir: str) -> bool:
+    """Every gate after /health, in order; False at the first that fails (its lines are logged)."""
+    return (launch_matches_plan(state, host, spec, plan)
+            and decode_speed_as_expected(state, host, spec, last_good_dir))
