@@ -77,6 +77,9 @@ Environment (all optional):
                             leaves (a fault: a pool far smaller than planned)
   SANDBOX_HANG_RANK         this TP rank hangs after "Load weight begin." and
                             logs nothing more (a fault: the start stalls)
+  SANDBOX_GRAPH_OOM_RANK    this TP rank ("all": every rank) runs out of GPU
+                            memory capturing its CUDA graphs, with SGLang's and
+                            torch's own message (a fault: memory sized too tight)
   SANDBOX_SGLANG_PARSER     auto (default) | real | fallback
   SANDBOX_SGLANG_SRC        the sglang package directory whose source files
                             the checks run (default: the importable sglang's)
@@ -917,6 +920,8 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     log(f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem={avail - held:.2f} GB",
         logger=_scheduler_logger)
     time.sleep(load_seconds * 0.3)
+    if os.environ.get("SANDBOX_GRAPH_OOM_RANK") in (str(cfg["tp_rank"]), "all"):
+        raise Exception(f"Capture cuda graph failed: {_graph_oom(gpu, hold)}\n{CUDA_GRAPH_CAPTURE_FAILED_MSG}")
     log(f"Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16, 24, 32], elapsed={load_seconds * 0.3:.2f} s, "
         f"mem usage=0.00 GB, avail mem={avail - held:.2f} GB.", logger=_scheduler_logger)
     ctx = int(cfg["context_length"] or model_config.get("max_position_embeddings") or 4096)
@@ -925,6 +930,32 @@ def _rank_init(cfg: dict, gpusim) -> dict:
         logger=_scheduler_logger)
     return {"tp_rank": cfg["tp_rank"], "pid": os.getpid(), "max_total_num_tokens": tokens,
             "max_req_input_len": ctx - 1}
+
+
+# sglang 0.5.23 model_executor/runner_backend_utils/__init__.py:14, appended by
+# model_executor/runner/decode_cuda_graph_runner.py:603 to the RuntimeError the capture raised
+CUDA_GRAPH_CAPTURE_FAILED_MSG = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+    "(Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
+
+
+def _graph_oom(gpu: dict, held_mib: int) -> str:
+    """torch's OutOfMemoryError text (c10/cuda/CUDACachingAllocator.cpp) for a capture that needs
+    more than mem_fraction_static left free: simulated figures from the rank's simulated GPU."""
+    total = gpu["memory_total_mib"] / 1024
+    free = max(0.0, total - held_mib / 1024) * 0.01
+    return (f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu['index']} has a total capacity of "
+            f"{total:.2f} GiB of which {free * 1024:.2f} MiB is free. Including non-PyTorch memory, this process has "
+            f"{held_mib / 1024:.2f} GiB memory in use. Of the allocated memory {held_mib / 1024 * 0.97:.2f} GiB is "
+            f"allocated by PyTorch, and {held_mib / 1024 * 0.01:.2f} GiB is reserved by PyTorch but unallocated. "
+            "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "to avoid fragmentation.  See documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
 
 
 class CheckChildFailed(Exception):

@@ -2,9 +2,11 @@
 in its last lines when planning already knows the real run would fail
 (core/dry_run.py): here the pinned repo is missing on the Hub (HTTP 404).
 
-One fresh sandbox host of this module's own (sgc245): every file under the
-directories the deploy writes (path, size, mtime) is listed before and after
-each dry run, on the fresh host and once it is converged. The Hub without the
+Every file under the directories the deploy writes (path, size, mtime) is
+listed before and after each dry run: on a fresh sandbox host of this module's
+own (sgc245) and on the session's shared converged
+host (sgc280, tests/integration/helpers.py), which the profile-switch test
+puts back on the sandbox's default profile before it ends. The Hub without the
 repo is this module's own HubServer (`--data hf_endpoint=...`), so no other
 test's Hub changes.
 
@@ -19,7 +21,7 @@ import pytest
 
 from sandbox import hubd
 from sandbox.hub import HubServer
-from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host
+from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host, shared_converged_host
 
 pytestmark = pytest.mark.sandbox
 
@@ -29,6 +31,7 @@ WATCHED = ("/etc", "/opt", "/srv", "/srv/models", "/usr/local", "/var/lib", "/va
 # the guest's own housekeeping, which its timers may touch at any time (the deploy writes none of it)
 HOUSEKEEPING = ("/var/lib/systemd/", "/var/lib/apt/", "/var/cache/apt/", "/var/lib/logrotate/", "/var/cache/man/",
                 "/var/lib/man-db/")
+TIMINGS: dict[str, float] = {}
 HEADER = "dry run: nothing was changed; planning already knows the real run would fail on 1 host(s):"
 
 
@@ -39,6 +42,11 @@ def host():
         yield booted
     finally:
         remove_host(booted)
+
+
+@pytest.fixture(scope="module")
+def converged(request):
+    return shared_converged_host(request, TIMINGS)
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +101,17 @@ def test_a_plain_dry_run_on_the_fresh_host_exits_0_and_changes_nothing(host):
     assert "the real run would fail" not in proc.out
 
 
-def test_a_plain_dry_run_on_the_converged_host_exits_0_and_changes_nothing(host):
-    converge = pyinfra("deploy.py", limit=host.name)
-    assert converge.returncode == 0, converge.out[-3000:]
-    proc = dry_run_changing_nothing(host)
+def test_a_plain_dry_run_on_the_converged_host_exits_0_and_changes_nothing(converged):
+    proc = dry_run_changing_nothing(converged)
     assert proc.returncode == 0, proc.out[-3000:]
     assert "the real run would fail" not in proc.out
+    assert "ready: sglang.service serves tiny at " in converged.converge_out  # it is converged (positive control)
 
 
-def test_the_converged_host_switched_to_the_nvfp4_profile_plans_converges_and_stays(host):
+def test_the_converged_host_switched_to_the_nvfp4_profile_plans_converges_and_stays(converged):
     """Issue 22 item 2: a profile the repo ships works in the sandbox it ships (the Hub stand-in
-    serves every sandbox profile's repo at its revision)."""
+    serves every sandbox profile's repo at its revision). The host is shared: switched back after."""
+    host = converged
     switch = ("--data", "model=sandbox-tiny-nvfp4")
     dry = dry_run_changing_nothing(host, *switch)
     assert dry.returncode == 0, dry.out[-4000:]
@@ -114,3 +122,5 @@ def test_the_converged_host_switched_to_the_nvfp4_profile_plans_converges_and_st
     assert "ready: sglang.service serves tiny-nvfp4" in proc.out
     again = pyinfra("deploy.py", *switch, limit=host.name)
     assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
+    back = pyinfra("deploy.py", limit=host.name)  # the shared host's later users expect the default profile
+    assert back.returncode == 0 and "ready: sglang.service serves tiny at " in back.out, back.out[-4000:]

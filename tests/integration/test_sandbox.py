@@ -168,8 +168,9 @@ def _leftovers() -> list[str]:
     return left
 
 
+@pytest.mark.runs_last  # it removes every other module's hosts: after the session's last user of them
 def test_down_cleans_up_also_after_a_crash(sandbox_hosts):
-    """Runs last: kills a guest's nspawn hard and loses the state file, then down()."""
+    """Runs last in the session: kills a guest's nspawn hard and loses the state file, then down()."""
     from tests.conftest import netns_names
 
     ours = {h.name for h in sandbox_hosts}

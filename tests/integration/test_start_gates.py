@@ -7,6 +7,7 @@ changes nothing):
   start_stall_s, naming the phase, the rank and its last line, not at readiness_timeout_s;
 - the launch fingerprint: a KV pool a fraction of the memory fit's (SANDBOX_KV_FRACTION) fails with
   both numbers;
+- OOM at CUDA graph capture (SANDBOX_GRAPH_OOM_RANK): the scheduler dies with SGLang's message;
 - the speed gate: decode at a fifth of the host's last good tok/s (SANDBOX_GEN_DELAY_S) fails;
 the converge's own start is each gate's positive control.
 """
@@ -79,6 +80,22 @@ def test_a_kv_pool_a_fraction_of_the_plan_fails_readiness_with_both_numbers(host
     assert 8 <= int(found.group(3)) <= 11  # a tenth of what the memory leaves, and the plan near that
     rolled_back_and_serving(host, proc, before)
     assert host.run("cat /var/lib/sglang-converge/last-good/sglang/fingerprint.json").stdout == kept
+
+
+def test_oom_at_cuda_graph_capture_fails_with_sglangs_message_and_is_rolled_back(host, tmp_path):
+    """One rank out of GPU memory while capturing its CUDA graphs (memory sized too tight: Kimi's
+    graphs take ~20 GB per rank, sglang#24453): the scheduler dies with SGLang's own message, the
+    wait names it at once (not at start_stall_s or the timeout), and the last good configuration serves."""
+    before = unit_props(host, "sglang.service")
+    proc = pyinfra("deploy.py", "--group-data", faulty(tmp_path, SANDBOX_GRAPH_OOM_RANK="3"), limit=host.name)
+    assert proc.returncode != 0, proc.out[-4000:]
+    assert re.search(r"cause: .*Exception: Capture cuda graph failed: CUDA out of memory\. Tried to allocate "
+                     r"[\d.]+ GiB\. GPU 3 has a total capacity of", proc.out), proc.out[-5000:]
+    assert "1. set --mem-fraction-static to a smaller value" in proc.out  # SGLang's advice, from the journal
+    failed = re.search(r"FAILED: sglang.service is .* after ([\d.]+) s", proc.out)
+    assert failed and float(failed.group(1)) < 60, proc.out[-4000:]  # start_stall_s is 15: it ended on the failure
+    assert "no progress for" not in proc.out  # (the stall's line, which test_a_rank_hung_... shows)
+    rolled_back_and_serving(host, proc, before)
 
 
 def test_decode_far_slower_than_the_hosts_last_good_fails_the_speed_gate(host, tmp_path):
