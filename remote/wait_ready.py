@@ -65,7 +65,9 @@ def journal_lines(unit: str, invocation: str, count: int = 25) -> list[str]:
     return lines
 
 
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b|error:|.*: error: |No module named )")
+# a traceback's last line: "ValueError: ...", "torch.OutOfMemoryError: ...", and a bare "Exception: ..."
+# (sglang 0.5.23 raises one for a failed CUDA graph capture: decode_cuda_graph_runner.py:603)
+_ERROR_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*)?(Error|Exception|Exit|Interrupt)\b|error:|.*: error: |No module named )")
 
 
 def explain(lines: list[str]) -> list[str]:

@@ -140,3 +140,18 @@ def test_slices_keep_the_progress_between_them(wr, monkeypatch, tmp_path, capsys
     kept = json.loads((tmp_path / "start-sglang.service-inv.json").read_text())
     assert kept["ranks"]["TP1"]["phase"] == 3 and kept["ranks"]["TP0"]["phase"] == 0
     assert "start: starting (TP0); weights loaded (TP1)" in capsys.readouterr().out
+
+
+def test_the_cause_of_a_failed_start_is_the_tracebacks_last_line_even_a_bare_exception(wr):
+    # one rank died capturing its CUDA graphs; the other ranks logged on after it (the journal's order)
+    lines = ["[2026-12-03 12:56:55 TP3] Scheduler hit an exception: Traceback (most recent call last):",
+             '  File "scheduler.py", line 1, in run_scheduler_process',
+             "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.",
+             "Possible solutions:",
+             "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+             "[2026-12-03 12:56:55] Received sigquit from a child process. It usually means the child failed.",
+             "[2026-12-03 12:56:55 TP4] max_total_num_tokens=32073800, chunked_prefill_size=8192"]
+    assert wr.explain(lines)[0] == "cause: Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert wr.explain(["[x TP0] ValueError: bad", "later line"])[0] == "cause: [x TP0] ValueError: bad"
+    assert wr.explain(["torch.OutOfMemoryError: CUDA out of memory."])[0] == "cause: torch.OutOfMemoryError: CUDA out of memory."
+    assert wr.explain(["ExceptionalLine without colon", "plain last"])[0] == "cause: plain last"
