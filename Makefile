@@ -92,7 +92,7 @@ ANSIBLE_CORE := ansible-core==2.19.14
 	.sandbox/ansible-venv/bin/pip install -q $(ANSIBLE_CORE)
 	touch $@
 
-## make bench: every benchmark, then a table of every figure with its goal; PART=noop (report, rollout,
+## make bench: every benchmark, then a table of every figure with its goal; PART=noop (report, gates, rollout,
 ## transfer, seeding, scale) runs one part and keeps the other parts' figures in bench/results/latest.json
 PART ?=
 bench: setup .sandbox/ansible-venv/.installed

@@ -14,7 +14,9 @@
     seeding against all from the Hub (Hub bytes and wall time);
 (f) bench/scale.py: the dry run and the no-op re-run over 1, 10, 20, 50
     hosts at once (clones of one converged host; N capped by the RAM left),
-    against one host.
+    against one host;
+(g) bench/gates.py: what the readiness gates (fingerprint, speed, ...)
+    add to a restart, against the same restart with them turned off.
 
 Every figure also goes to bench/results/latest.json (bench/results.py); the
 run ends with a table of every figure there, its goal and whether it is met
@@ -106,11 +108,11 @@ def report_delay(host, outcome: str) -> dict:
     return {"deploy_delay_s": reported - event, "baseline_delay_s": float(baseline_out[1]) - event}
 
 
-PARTS = ("noop", "report", "rollout", "transfer", "seeding", "scale")
+PARTS = ("noop", "report", "gates", "rollout", "transfer", "seeding", "scale")
 
 
 def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
-    """(a) and (b), on sgc9: converged once, then measured."""
+    """(a), (b) and (g), on sgc9: converged once, then measured."""
     from bench.noop import measure
 
     try:
@@ -140,6 +142,13 @@ def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
                 record({"ready_report_s" if outcome == "ready" else "crash_report_s": deploy,
                         "poll_loop_ready_report_s" if outcome == "ready" else "poll_loop_crash_report_s": base})
                 pyinfra("deploy.py")  # back to a ready server
+        if "gates" in parts:
+            from bench.gates import describe, measure as measure_gates
+
+            g = measure_gates(pyinfra, max(repeats, 3))
+            print(describe(g), flush=True)
+            record({k: v for k, v in g.items() if k != "gates_parts"})
+            pyinfra("deploy.py")  # back to the settings' own environment
     finally:
         if not keep:
             sandbox_api.remove(HOST)
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         start()  # bench/results/latest.json: this run's figures only
     code = 0
     try:
-        if "noop" in parts or "report" in parts:
+        if "noop" in parts or "report" in parts or "gates" in parts:
             host_parts(parts, args.repeats, args.keep)
         if "rollout" in parts:
             from bench.rollout import main as rollout_bench  # (c) the rolling rollout's overhead per host
