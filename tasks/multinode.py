@@ -17,6 +17,9 @@ per-host ``nnodes`` / ``node_rank`` / ``dist_init_addr``) is all-or-nothing:
   name) while every other rank's unit must stay active. The first rank that
   fails fails the whole group, reported with that rank's journal lines (the
   traceback's last line first) within about a second, not at rank 0's timeout.
+  Once rank 0 answers, the readiness gates (core/gates.py: the launch fingerprint,
+  the decode speed against the profile's floor, ...) run there before the other
+  ranks hear the group is ready; a failed gate fails the group (not rolled back).
 - a run on a ready group with nothing changed is a no-op on every rank.
 
 pyinfra runs each operation on every host at once, one gevent greenlet per host
@@ -43,6 +46,10 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.context import ctx_host, state
 
 from core.checks import resolved_spec
+from core.fingerprint import launch_plan, wait_args
+from core.gates import gates_pass
+from core.last_good import last_good_dir
+from core.memory_fit import memory_fit
 from core.ops import fail_command, plan, preparing, record_failure, report
 from core.render import Rendered, render
 from core.runstate import run_state
@@ -58,6 +65,7 @@ from core.stamps import (
     stamp_recorded,
     wanted_stamp,
 )
+from facts.gpu import NvidiaGpus
 from facts.http import HttpStatus
 from facts.systemd import SystemdUnitState
 from tasks.spec import Spec, host_spec, node_groups, validate_inventory
@@ -348,6 +356,7 @@ def _wait_args(spec: Spec, elapsed: float, baseline: str | None, progress: bool)
                  "--timeout", str(spec.readiness_timeout_s)]
         if spec.server_options:
             args += ["--options-file", spec.options_path]
+        args += wait_args(spec)  # what SGLang chose, kept once ready: the gates' fingerprint
     else:
         # rank 0 owns the group's timeout; the others only watch their unit
         args += ["--watch", "--timeout", str(spec.readiness_timeout_s + 60)]
@@ -393,8 +402,12 @@ def _group_wait(state, host, spec: Spec) -> bool:
         if verdict is None:
             continue
         if verdict.startswith("ready:"):
-            run.verdicts.setdefault(key, _Verdict(True, spec.node_rank, host.name))
             host.log(f"readiness: {verdict} (node group {label}: all {len(names)} ranks joined)", logger.warning)
+            if spec.node_rank == 0 and restarted_this_run(host.name) and not _gates_pass_at_rank_0(state, host, spec):
+                failed = run_state(state).first_failure(host.name)
+                run.verdicts.setdefault(key, _Verdict(False, 0, host.name, failed.cause if failed else "a gate failed"))
+                return False  # the gate recorded this rank's failure; the others read the verdict
+            run.verdicts.setdefault(key, _Verdict(True, spec.node_rank, host.name))
             break
         failed_here = True
         cause = next((line for line in lines if line.startswith("cause: ")), verdict)
@@ -421,6 +434,14 @@ def _group_wait(state, host, spec: Spec) -> bool:
     record_failure(state, host, f"readiness: node group {label} failed at rank {verdict.rank} "
                                 f"({verdict.host_name}): {verdict.cause}")
     return False
+
+
+def _gates_pass_at_rank_0(state, host, spec: Spec) -> bool:
+    """The readiness gates (core/gates.py) at rank 0, where the group serves, before the other ranks
+    hear it is ready. A group keeps no last good configuration (it is not rolled back): the speed
+    gate holds it to the profile's floor only."""
+    fit = memory_fit(spec, host.get_fact(NvidiaGpus))[0]
+    return gates_pass(state, host, spec, launch_plan(spec, fit), last_good_dir(spec))
 
 
 def _rank_ready(spec: Spec) -> bool:

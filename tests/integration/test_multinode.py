@@ -108,6 +108,11 @@ def test_group_converges_and_comes_up(group):
     assert "[sgc21] service: start sglang.service (rank 1 of node group sandbox-tp16, all ranks together)" in proc.out
     assert "(node group sandbox-tp16: all 2 ranks joined)" in proc.out
     assert "[sgc21] readiness: node group sandbox-tp16 is ready at rank 0 (sgc20)" in proc.out
+    # the readiness gates ran at rank 0, before rank 1 heard the group is ready (the fingerprint holds tp_size 16)
+    assert "[sgc20] readiness: launch fingerprint as planned: max_total_num_tokens=" in proc.out, proc.out[-4000:]
+    gates = line_time(proc, r"\[sgc20\] readiness: gates passed in [\d.]+ s \(fingerprint")
+    assert gates <= line_time(proc, r"\[sgc21\] readiness: node group sandbox-tp16 is ready at rank 0")
+    assert "[sgc21] readiness: launch fingerprint" not in proc.out  # (rank 1 runs none)
     # one spec, two command lines: ranks and rank 0's address derived from the node group
     argv0, argv1 = " ".join(cmdline(rank0)), " ".join(cmdline(rank1))
     for argv, rank in ((argv0, 0), (argv1, 1)):

@@ -79,7 +79,7 @@ def spec_for(rank: int, nnodes: int = 2):
         group_key=LABEL, group_label=LABEL, node_rank=rank, nnodes=nnodes, unit_name="sglang.service",
         venv_python="/usr/bin/python3", listen_host="0.0.0.0", listen_port=30000, served_model_name="tiny",
         readiness_timeout_s=120.0, server_options={}, options_path="/etc/sglang/sglang.yaml",
-        tp_size=8 * nnodes, start_stall_s=900.0,
+        tp_size=8 * nnodes, start_stall_s=900.0, unit_stem="sglang",
     )
 
 
@@ -258,7 +258,9 @@ def test_a_check_that_cannot_run_is_that_ranks_failure(group):
     assert "failed at rank 1 (g1)" in group.hosts[0].logs[-1]
 
 
-def test_restarted_rank_waits_from_the_baseline_of_its_start(group):
+def test_restarted_rank_waits_from_the_baseline_of_its_start(group, monkeypatch):
+    gated = []
+    monkeypatch.setattr(M, "_gates_pass_at_rank_0", lambda state, host, spec: gated.append(host.name) or True)
     run_state(group.state).restarted.update({"g0", "g1"})
     group.hosts[0].script = slices((True, ["ready: sglang.service serves tiny at http://x (1.0 s to ready, pid 7)"]))
     group.hosts[1].script = slices((False, ["pending: active/running"]))
@@ -268,6 +270,25 @@ def test_restarted_rank_waits_from_the_baseline_of_its_start(group):
     assert results == [True, True]
     assert "--baseline inv0:0" in group.hosts[0].commands[0]
     assert "--baseline inv1:0" in group.hosts[1].commands[0]
+    assert gated == ["g0"]  # the gates ran at rank 0 only, after its restart
+    args0, args1 = (h.commands[0].rsplit("--unit", 1)[1] for h in group.hosts)  # after the script's text
+    assert "--fingerprint-file" in args0 and "--fingerprint-file" not in args1  # rank 0 keeps what SGLang chose
+
+
+def test_a_gate_failing_at_rank_0_fails_the_group_with_its_cause(group, monkeypatch):
+    def failing_gate(state, host, spec):
+        run_state(state).fail(host.name, "readiness", "readiness: speed gate: decode at concurrency 1 is 3 tok/s")
+        return False
+
+    monkeypatch.setattr(M, "_gates_pass_at_rank_0", failing_gate)
+    run_state(group.state).restarted.update({"g0", "g1"})
+    group.hosts[0].script = slices((True, ["ready: sglang.service serves tiny at http://x (1.0 s to ready, pid 7)"]))
+    group.hosts[1].script = slices((False, ["pending: active/running"]))
+    results = group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
+    assert results == [False, False]
+    assert group.hosts[1].logs[-1] == ("readiness: node group tp16 failed at rank 0 (g0): readiness: speed gate: "
+                                       "decode at concurrency 1 is 3 tok/s")
+    assert run_state(group.state).first_failure("g1").cause.endswith("decode at concurrency 1 is 3 tok/s")
 
 
 # ---------------------------------------------------------------- remote/wait_ready.py in slices
