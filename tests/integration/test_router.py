@@ -128,6 +128,56 @@ def worker_id(router_host, url: str) -> str | None:
     return next((w["id"] for w in body["workers"] if w["url"].rstrip("/") == url), None)
 
 
+def invocations_since(host, since: float) -> list[tuple[str, list[str]]]:
+    """sglang.service's journal since ``since`` (epoch s), per start of the unit, in order: [(id, lines)]."""
+    out = host.run(f"journalctl -u sglang.service -o json --no-pager --since @{int(since)}", timeout=60).stdout
+    runs: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        entry = json.loads(line)
+        if entry.get("_SYSTEMD_INVOCATION_ID") and isinstance(entry.get("MESSAGE"), str):
+            runs.setdefault(entry["_SYSTEMD_INVOCATION_ID"], []).append(entry["MESSAGE"])
+    return list(runs.items())
+
+
+def chat_requests_from_outside(lines: list[str]) -> list[str]:
+    """The access lines of chat requests not sent from the host itself (the router's; the gates' come from 127.0.0.1)."""
+    return [line for line in lines if '"POST /v1/chat/completions' in line and "INFO:     127.0.0.1:" not in line]
+
+
+def test_a_canary_failing_a_gate_is_rolled_back_and_the_router_sends_the_bad_config_nothing(hosts, tmp_path):
+    """Issue 20.6/20.7: the canary's new configuration starts and answers /health, but its KV pool is a tenth of
+    the plan (the launch fingerprint fails): rolled back like a crash, the rollout stops after the canary, no
+    client request fails, and the router sent the bad configuration not one request; the last good one serves
+    in the router again (and gets the router's requests: the positive control)."""
+    assert healthy_workers(hosts[ROUTER]) == ALL
+    before = {name: started_us(hosts[name]) for name in SERVERS}
+    folder = override(tmp_path, extra_env={"SANDBOX_SGLANG_PARSER": "fallback", "SANDBOX_LOAD_SECONDS": "1",
+                                           "SANDBOX_KV_FRACTION": "0.1", "SGC_GATE_CANARY": uuid.uuid4().hex[:8]})
+    since = time.time() - 1
+    with Clients(ROUTER_URL) as clients:
+        time.sleep(2)
+        proc = rollout("--canary", "1", "--batch-size", "2", "-q", "--group-data", folder)
+        time.sleep(3)  # traffic after the rollback: the router sends the restored server requests again
+    assert proc.returncode == 1, proc.out[-5000:]
+    rows = summary(proc.out)
+    assert rows["sgc11"]["result"] == "failed" and "rolled back: readiness: launch fingerprint: the KV pool holds" \
+        in rows["sgc11"]["error"], rows
+    assert [rows[name]["result"] for name in SERVERS[1:]] == ["not run"] * 3, rows
+    assert "stopped after batch canary" in proc.out
+    assert {name: started_us(hosts[name]) for name in SERVERS[1:]} == {n: before[n] for n in SERVERS[1:]}
+    assert clients.failures == [], clients.failures[:5]
+    assert healthy_workers(hosts[ROUTER]) == ALL
+    runs = invocations_since(hosts["sgc11"], since)
+    assert len(runs) >= 3, [(run_id, lines[:3]) for run_id, lines in runs]  # serving, the bad start, the restored
+    (_, serving), (_, bad), (_, restored) = runs[-3:]
+    # the bad start answered the deploy's own requests (logged like any other: the check can see them)
+    assert any("#tokens: " in line for line in bad) and any('INFO:     127.0.0.1:' in line and '"GET /v1/models' in line
+                                                            for line in bad), bad[-20:]
+    assert chat_requests_from_outside(bad) == [], chat_requests_from_outside(bad)[:3]
+    assert chat_requests_from_outside(restored), restored[-20:]  # positive control: the check sees the router's
+    assert chat_requests_from_outside(serving)  # and the old configuration served the router until its drain
+
+
 def test_a_router_lost_mid_rollout_stops_it_and_the_next_rollout_puts_every_server_back(hosts, tmp_path):
     """Issue 22.4: the router's guest killed (power cut, disk kept) while the first server of a rollout in
     batches of 1 is out of the router for its restart. The rollout stops after that batch whatever
