@@ -64,6 +64,11 @@ def server_ready(spec: Spec):
     if plan_.kv_tokens:
         plan(f"then: SGLang's KV pool holds at least {plan_.kv_tolerance:g} x {plan_.kv_tokens} tokens "
              f"({plan_.kv_from}), and it runs {', '.join(f'{k}={v}' for k, v in plan_.equal.items())}")
+    floor = spec.profile.expect.min_decode_tok_s
+    if spec.perf_tolerance or floor:
+        plan("then: decode speed (concurrency 1 and 4, 128 tokens) at least "
+             + " and ".join(([f"{spec.perf_tolerance:g} x this host's last good tok/s"] if spec.perf_tolerance else [])
+                            + ([f"the profile's floor of {floor:g} tok/s"] if floor else [])))
     # a restart of this run that fails is rolled back to the last good configuration (core/last_good.py)
     yield FunctionCommand(ready_or_rolled_back, (command, int(spec.readiness_timeout_s) + 60, spec, plan_), {})
 
