@@ -1,5 +1,6 @@
 """The gates a restarted server passes after it answers (README: What ready means), in order:
-the launch fingerprint (what SGLang chose against the plan), then the decode speed. Each records
+the launch fingerprint (what SGLang chose against the plan), then the decode speed (with a draft,
+its accept length first, from the same measurement: core/draft_gate.py). Each records
 its own failure on the run state (core/ops.gate_failed) and returns False; the first failure
 stops the chain (a server that chose the wrong KV pool is not worth timing). What they took is
 logged ("readiness: gates passed in 3.1 s (fingerprint 0.0 s, speed 3.1 s)": make bench reads it).

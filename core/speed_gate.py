@@ -2,7 +2,9 @@
 on the host (remote/decode_speed.py: concurrency 1 and 4, fixed prompt and output length) is held
 against the host's last good figure (kept with the last good configuration, speed.json) and the
 profile's floor (``expect: {min_decode_tok_s}``). Below ``perf_tolerance`` x the last good figure,
-or below the floor, readiness fails like a crash (rolled back).
+or below the floor, readiness fails like a crash (rolled back). With a draft model the same
+measurement gives the draft's accept length, judged first (core/draft_gate.py: a draft that accepts
+nothing is why such a server is slow), so it runs even with perf_tolerance 0 and no floor.
 
     ok = decode_speed_as_expected(state, host, spec)    # in the readiness step, after the fingerprint
 """
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra import logger
 
+from core.draft_gate import draft_accepted
 from core.ops import gate_failed, read_host_json, stream
 from core.paths import REMOTE_SRC_DIR, STATE_DIR
 from core.server import local_url
@@ -56,12 +59,17 @@ def compare(measured: dict[str, Any], last_good: dict[str, Any] | None, toleranc
 
 def decode_speed_as_expected(state, host, spec: Spec, last_good_dir: str) -> bool:
     """Measure on the host and judge; a problem is recorded as the readiness failure."""
-    if not spec.perf_tolerance and not spec.profile.expect.min_decode_tok_s:
+    gated = bool(spec.perf_tolerance or spec.profile.expect.min_decode_tok_s)
+    if not gated and spec.draft is None:
         return True
     if not stream(state, host, speed_command(spec, local_url(spec)), MAX_S * (len(CONCURRENCY) + 1) + 30, step="readiness",
                   changes=(speed_path(spec),)):
         return False
     measured = read_host_json(host, speed_path(spec))
+    if not draft_accepted(state, host, spec, measured):
+        return False
+    if not gated:
+        return True
     last_good = read_host_json(host, f"{last_good_dir}/speed.json")
     problems = compare(measured, last_good, spec.perf_tolerance, spec.profile.expect.min_decode_tok_s)
     if not problems:

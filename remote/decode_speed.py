@@ -10,6 +10,15 @@ tok_s: the completion tokens of all requests over the wall time (what the server
 load); per_request_tok_s: the tokens of one request over its own time. Every request is bounded by
 --max-s; the whole run by the concurrencies x --max-s. With the API key from the options file.
 
+With speculative decoding the server adds the draft's figures to a finished request's meta_info
+(sglang 0.5.23 managers/tokenizer_manager.py:2755-2756 calls _calculate_spec_decoding_metrics,
+:3149-3172: spec_verify_ct, and spec_accept_length = completion_tokens / spec_verify_ct, the bonus
+token included); then each concurrency, and the whole measurement, also get ``accept_length`` (their
+completion tokens over their verify steps: 1.0 means every draft token was rejected) and
+``verify_ct``:
+
+    {"tokens": 128, "accept_length": 2.61, "verify_ct": 245, "c1": {..., "accept_length": 2.6, "verify_ct": 49}}
+
     python3 decode_speed.py --url http://127.0.0.1:30000 --options-file /etc/sglang/sglang.yaml \
         --tokens 128 --concurrency 1,4 --max-s 30 --out /var/lib/sglang-converge/launch/sglang.speed.json
 
@@ -46,8 +55,9 @@ def api_key(options_file: str | None) -> str | None:
     return None
 
 
-def generate(url: str, key: str | None, tokens: int, timeout: float) -> tuple[int, float, str]:
-    """(completion tokens, seconds, error or "") of one /generate request."""
+def generate(url: str, key: str | None, tokens: int, timeout: float) -> tuple[int, int | None, float, str]:
+    """(completion tokens, verify steps (None: no speculative decoding), seconds, error or "") of one
+    /generate request."""
     body = json.dumps({"text": PROMPT, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True,
                                                            "temperature": 0}}).encode()
     request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
@@ -58,15 +68,26 @@ def generate(url: str, key: str | None, tokens: int, timeout: float) -> tuple[in
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.loads(response.read())
     except urllib.error.HTTPError as err:
-        return 0, time.monotonic() - started, f"HTTP {err.code}: {err.read()[:200]!r}"
+        return 0, None, time.monotonic() - started, f"HTTP {err.code}: {err.read()[:200]!r}"
     except (OSError, ValueError) as err:
-        return 0, time.monotonic() - started, f"{type(err).__name__}: {err}"
+        return 0, None, time.monotonic() - started, f"{type(err).__name__}: {err}"
     meta = answer.get("meta_info", {}) if isinstance(answer, dict) else {}
-    return int(meta.get("completion_tokens") or 0), time.monotonic() - started, ""
+    verify = meta.get("spec_verify_ct")  # absent without speculative decoding (or with 0 verify steps)
+    return (int(meta.get("completion_tokens") or 0), int(verify) if isinstance(verify, int) else None,
+            time.monotonic() - started, "")
+
+
+def accepted(results: list[tuple[int, int | None, float, str]]) -> dict:
+    """{"accept_length", "verify_ct"} of the answers that report verify steps ({} when none does)."""
+    verified = [(n, v) for n, v, _, error in results if not error and v]
+    verify_ct = sum(v for _, v in verified)
+    if not verify_ct:
+        return {}
+    return {"accept_length": round(sum(n for n, _ in verified) / verify_ct, 3), "verify_ct": verify_ct}
 
 
 def at_concurrency(url: str, key: str | None, tokens: int, count: int, timeout: float) -> dict:
-    results: list[tuple[int, float, str]] = []
+    results: list[tuple[int, int | None, float, str]] = []
     lock = threading.Lock()
 
     def one() -> None:
@@ -81,11 +102,12 @@ def at_concurrency(url: str, key: str | None, tokens: int, count: int, timeout: 
     for thread in threads:
         thread.join(timeout + 5)
     wall = time.monotonic() - started
-    errors = [error for _, _, error in results if error] or ([] if len(results) == count else ["no answer in time"])
-    done = sum(n for n, _, _ in results)
-    per_request = [n / s for n, s, error in results if not error and s > 0]
+    errors = [error for *_, error in results if error] or ([] if len(results) == count else ["no answer in time"])
+    done = sum(n for n, *_ in results)
+    per_request = [n / s for n, _, s, error in results if not error and s > 0]
     return {"tok_s": round(done / wall, 1) if wall > 0 else 0.0, "seconds": round(wall, 2),
-            "per_request_tok_s": round(min(per_request), 1) if per_request else 0.0, "errors": errors}
+            "per_request_tok_s": round(min(per_request), 1) if per_request else 0.0, "errors": errors,
+            "results": results, **accepted(results)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,17 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     key = api_key(args.options_file)
-    _, _, error = generate(args.url, key, 4, args.max_s)  # warmup: the first request compiles/allocates
+    *_, error = generate(args.url, key, 4, args.max_s)  # warmup: the first request compiles/allocates
     if error:
         print(f"FAILED: the speed gate's warmup request: {error}")
         return 1
     measured: dict = {"tokens": args.tokens}
+    answers: list[tuple[int, int | None, float, str]] = []
     for count in (int(c) for c in args.concurrency.split(",") if c.strip()):
         result = at_concurrency(args.url, key, args.tokens, count, args.max_s)
+        answers += result.pop("results")
         if result.pop("errors"):
             print(f"FAILED: the speed gate's requests at concurrency {count}: {result}")
             return 1
         measured[f"c{count}"] = result
+    measured.update(accepted(answers))  # over every measured request: what the draft gate reads (core/draft_gate.py)
     text = json.dumps(measured, sort_keys=True)
     if args.out:
         os.makedirs(os.path.dirname(args.out), mode=0o700, exist_ok=True)

@@ -80,6 +80,10 @@ Environment (all optional):
   SANDBOX_GRAPH_OOM_RANK    this TP rank ("all": every rank) runs out of GPU
                             memory capturing its CUDA graphs, with SGLang's and
                             torch's own message (a fault: memory sized too tight)
+  SANDBOX_DRAFT_ACCEPT      with --speculative-algorithm: the simulated accept
+                            length /generate reports (spec_* meta_info) and
+                            /metrics shows, default 2.6 (a fault: 1.0, every
+                            draft token rejected)
   SANDBOX_SGLANG_PARSER     auto (default) | real | fallback
   SANDBOX_SGLANG_SRC        the sglang package directory whose source files
                             the checks run (default: the importable sglang's)
@@ -109,6 +113,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -1221,6 +1226,7 @@ class ServerState:
         self.shutting_down = False
         self.inflight = 0
         self.total_requests = 0
+        self.spec_totals = [0, 0]  # completion tokens and verify steps of the answers with a draft (/metrics)
         self.cond = threading.Condition()
         self.gen_delay = _env_float("SANDBOX_GEN_DELAY_S", 0.05)
         self.startup_time = time.time()
@@ -1259,6 +1265,35 @@ def _reply(max_tokens) -> tuple[list[str], str]:
     if isinstance(max_tokens, int) and 0 <= max_tokens < len(words):
         return words[:max_tokens], "length"
     return words, "stop"
+
+
+# The draft's acceptance is SIMULATED (no draft model runs here): SANDBOX_DRAFT_ACCEPT is the accept
+# length a /generate answer reports with --speculative-algorithm (tokens per verify step, the bonus
+# token included; 1.0: every draft token rejected, the draft gate's fault), at most the draft tokens.
+DEFAULT_DRAFT_ACCEPT = 2.6  # a healthy EAGLE3 draft of 3 steps
+
+
+def _draft_tokens(args: Args) -> int:
+    """--speculative-num-draft-tokens as the server reports it (with eagle_topk 1: num_steps + 1)."""
+    fields = args.json_fields()
+    return int(fields.get("speculative_num_draft_tokens") or (fields.get("speculative_num_steps") or 3) + 1)
+
+
+def spec_meta_info(args: Args, completion_tokens: int) -> dict:
+    """What sglang 0.5.23 adds to a finished request's meta_info with speculative decoding
+    (managers/tokenizer_manager.py:2755-2756 and _calculate_spec_decoding_metrics :3149-3172): only
+    with verify steps and proposed drafts; the numbers from the simulated accept length."""
+    if not args.speculative_algorithm or completion_tokens <= 0:
+        return {}
+    draft_tokens = _draft_tokens(args)
+    accept = min(max(_env_float("SANDBOX_DRAFT_ACCEPT", DEFAULT_DRAFT_ACCEPT), 1.0), float(draft_tokens))
+    verify_ct = math.ceil(completion_tokens / accept - 1e-9)  # 26 / 2.6 is 10.000000000000002
+    proposed = verify_ct * (draft_tokens - 1)
+    if proposed <= 0:
+        return {}
+    correct = completion_tokens - verify_ct  # each verify step's bonus token is no accepted draft
+    return {"spec_accept_rate": correct / proposed, "spec_accept_length": completion_tokens / verify_ct,
+            "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed, "spec_verify_ct": verify_ct}
 
 
 def _chunks(words: list[str]) -> list[str]:
@@ -1495,6 +1530,17 @@ class Handler(BaseHTTPRequestHandler):
             "# TYPE sglang:num_requests_total counter",
             f'sglang:num_requests_total{{model_name="{name}"}} {float(st.total_requests)}',
         ]
+        completion, verify_ct = st.spec_totals
+        if st.args.speculative_algorithm and verify_ct:
+            # sglang 0.5.23 observability/metrics_collector.py:511-516 (the gauge) and :1382-1388 (the
+            # scheduler's labels); its value here: the simulated answers' mean, not the last interval's
+            labels = f'model_name="{name}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+            lines += [
+                "# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding (accepted drafts "
+                "+ bonus token per forward).",
+                "# TYPE sglang:spec_accept_length gauge",
+                f"sglang:spec_accept_length{{{labels}}} {completion / verify_ct}",
+            ]
         return self._send(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4; charset=utf-8")
 
     # -- generation ------------------------------------------------------
@@ -1534,6 +1580,11 @@ class Handler(BaseHTTPRequestHandler):
             finish_reason = (
                 {"type": "length", "length": len(words)} if finish == "length" else {"type": "stop", "matched": None}
             )
+            spec = spec_meta_info(st.args, len(words))
+            if spec:
+                with st.cond:
+                    st.spec_totals[0] += len(words)
+                    st.spec_totals[1] += spec["spec_verify_ct"]
             return self._send(
                 200,
                 {
@@ -1546,6 +1597,7 @@ class Handler(BaseHTTPRequestHandler):
                         "cached_tokens": 0,
                         "weight_version": "default",
                         "e2e_latency": round(time.time() - t0, 6),
+                        **spec,
                     },
                 },
             )

@@ -69,6 +69,8 @@ def server_ready(spec: Spec):
         plan("then: decode speed (concurrency 1 and 4, 128 tokens) at least "
              + " and ".join(([f"{spec.perf_tolerance:g} x this host's last good tok/s"] if spec.perf_tolerance else [])
                             + ([f"the profile's floor of {floor:g} tok/s"] if floor else [])))
+    if spec.profile.min_accept_length is not None:  # core/draft_gate.py: measured with the decode speed
+        plan(f"then: the draft's accept length at least {spec.profile.min_accept_length:g} (min_accept_length)")
     # a restart of this run that fails is rolled back to the last good configuration (core/last_good.py)
     yield FunctionCommand(ready_or_rolled_back, (command, int(spec.readiness_timeout_s) + 60, spec, plan_), {})
 

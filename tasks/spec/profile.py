@@ -12,10 +12,13 @@ from pydantic import (BaseModel, Field, PositiveFloat, StrictBool, StrictInt, St
 
 from core.paths import MODELS_DIR
 from tasks.spec.errors import SpecError, format_errors, show, spec_lines
-from tasks.spec.fields import FROZEN, PositiveInt, RepoId, Revision, ServedName, ServerArgs, SpeculativeAlgorithm
+from tasks.spec.fields import (FROZEN, Number, PositiveInt, RepoId, Revision, ServedName, ServerArgs,
+                               SpeculativeAlgorithm)
 from tasks.spec.tables import COMPRESSED_TENSORS_FORMATS
 
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The draft gate's minimum accept length when a profile with a draft sets none (LaunchExpectations)
+DEFAULT_MIN_ACCEPT_LENGTH = 1.5
 
 
 class Quantization(BaseModel):
@@ -105,6 +108,7 @@ class LaunchExpectations(BaseModel):
           min_context_length: 262144
           attention_backend: triton
           min_decode_tok_s: 60         # the speed gate's floor (always a failure, not on_mismatch)
+          min_accept_length: 2.0       # with a draft: its accept length at least (default 1.5; a failure too)
           on_mismatch: fail            # or warn
     """
 
@@ -115,6 +119,13 @@ class LaunchExpectations(BaseModel):
     attention_backend: StrictStr | None = Field(None, description="the attention backend SGLang must report")
     min_decode_tok_s: PositiveFloat | None = Field(
         None, description="a number > 0: decode tok/s at concurrency 1 at least (the speed gate)"
+    )
+    min_accept_length: Number | None = Field(
+        None, gt=1.0,
+        description="a number > 1.0, only with a draft: the draft's accept length (tokens per verify step, the "
+        f"bonus token included) at least (the draft gate); unset with a draft: {DEFAULT_MIN_ACCEPT_LENGTH} (1.0 "
+        "means every draft token was rejected; a working EAGLE3 draft of 3 steps accepts some 2.5-3.5, so 1.5 "
+        "fails a draft that accepts next to nothing, not one that is merely weak on a prompt)",
     )
     on_mismatch: Literal["fail", "warn"] = Field("fail", description="'fail' or 'warn'")
 
@@ -144,6 +155,24 @@ class ModelProfile(BaseModel):
         description="absent, or what SGLang must choose: {min_kv_tokens, min_context_length, attention_backend, "
         "on_mismatch: fail|warn}",
     )
+
+    @model_validator(mode="after")
+    def _accept_length_needs_a_draft(self) -> ModelProfile:
+        # the draft gate reads a draft's accept length: without a draft the setting would check nothing
+        if self.draft is None and self.expect.min_accept_length is not None:
+            raise spec_lines(
+                f"expect.min_accept_length = {self.expect.min_accept_length!r}: the profile has no draft "
+                "(speculative decoding) whose accept length it could hold: allowed: only in a profile with a "
+                "draft: block; leave it out here"
+            )
+        return self
+
+    @property
+    def min_accept_length(self) -> float | None:
+        """The draft gate's minimum accept length: the profile's, or the default with a draft; None: no draft."""
+        if self.draft is None:
+            return None
+        return self.expect.min_accept_length or DEFAULT_MIN_ACCEPT_LENGTH
 
 
 def available_profiles(models_dir: Path = MODELS_DIR) -> list[str]:

@@ -33,6 +33,7 @@ from sandbox.hub import HubServer
 from sandbox.tinymodel import EAGLE3_ARCHITECTURE, generate, generate_draft
 from tasks import model, service
 from tasks.spec import SpecError, build_spec, load_profile
+from tasks.spec.profile import DEFAULT_MIN_ACCEPT_LENGTH, LaunchExpectations, ModelProfile
 from tests.unit.test_fetch_model import fetch as run_fetch_model
 from tests.unit.test_fetch_model_step import COMPLETE, GONE, RUNNING, ScriptedHost
 from tests.unit.test_sglang_standin import (READY, SGLANG_VENV_PY, Bed, assert_failed_like_sglang, free_port, http,
@@ -127,6 +128,39 @@ def test_a_bad_draft_field_is_refused_naming_the_field_the_value_and_what_is_all
 def test_a_good_draft_with_a_tree_builds(models_dir):
     spec = build_with_draft(models_dir, eagle_topk=4, num_draft_tokens=8)  # topk > 1: SGLang keeps the tokens
     assert spec.speculative_argv[-4:] == ["--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
+
+
+def profile_with_expect(models_dir: Path, name: str, **expect) -> ModelProfile:
+    path = models_dir / f"{name}.yaml"
+    raw = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**raw, "expect": {**raw.get("expect", {}), **expect}}))
+    return load_profile(name, models_dir)
+
+
+def test_a_draft_is_held_to_min_accept_length_and_without_one_to_the_default(models_dir):
+    assert load_profile("sandbox-tiny-eagle3").min_accept_length == DEFAULT_MIN_ACCEPT_LENGTH == 1.5
+    assert load_profile("sandbox-tiny").min_accept_length is None  # no draft: no draft gate
+    assert profile_with_expect(models_dir, "sandbox-tiny-eagle3", min_accept_length=2.2).min_accept_length == 2.2
+    assert profile_with_expect(models_dir, "sandbox-tiny-eagle3", min_accept_length=2).min_accept_length == 2.0
+    why = LaunchExpectations.model_fields["min_accept_length"].description
+    assert "unset with a draft: 1.5" in why and "1.0 means every draft token was rejected" in why
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("sandbox-tiny-eagle3", 1.0, ["expect.min_accept_length = 1.0: Input should be greater than 1",
+                                  "allowed: a number > 1.0, only with a draft"]),
+    ("sandbox-tiny-eagle3", 0.5, ["expect.min_accept_length = 0.5: Input should be greater than 1"]),
+    ("sandbox-tiny-eagle3", "2.0", ["expect.min_accept_length = '2.0': Input should be a valid number",
+                                    "allowed: a number > 1.0"]),
+    ("sandbox-tiny", 2.0, ["expect.min_accept_length = 2.0: the profile has no draft (speculative decoding)",
+                           "allowed: only in a profile with a draft: block; leave it out here"]),
+], ids=["nothing_accepted", "below_one", "text", "no_draft"])
+def test_a_bad_min_accept_length_is_refused_naming_the_field_the_value_and_what_is_allowed(models_dir, name, value,
+                                                                                          expected):
+    with pytest.raises(SpecError) as caught:
+        profile_with_expect(models_dir, name, min_accept_length=value)
+    for part in [f"model {name!r} ({name}.yaml): ", *expected]:
+        assert part in str(caught.value), str(caught.value)
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -432,6 +466,63 @@ def test_the_stand_in_loads_the_draft_and_reports_the_settings_under_sglangs_nam
     assert info["speculative_draft_model_path"] == str(tmp_path / "draft")
     proc.p.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
+
+
+def standin_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "sandbox"))  # as in a guest: beside its siblings
+    monkeypatch.setenv("SANDBOX_SGLANG_PARSER", "fallback")
+    import sglang_standin
+
+    return sglang_standin
+
+
+@pytest.mark.parametrize("accept, verify_ct", [(None, 9), ("1.0", 21), ("9", 6), ("0.3", 21)],
+                         ids=["default", "nothing_accepted", "above_the_draft_tokens", "below_one"])
+def test_the_stand_ins_simulated_acceptance_gives_sglangs_meta_info_consistently(monkeypatch, accept, verify_ct):
+    standin = standin_module(monkeypatch)
+    if accept is None:
+        monkeypatch.delenv("SANDBOX_DRAFT_ACCEPT", raising=False)
+    else:
+        monkeypatch.setenv("SANDBOX_DRAFT_ACCEPT", accept)
+    args = standin.parse_args(["--model-path", "/m", *FLAGS])
+    meta = standin.spec_meta_info(args, 21)  # default 2.6; at most the 4 draft tokens; at least 1.0
+    assert meta == {"spec_accept_rate": (21 - verify_ct) / (3 * verify_ct), "spec_accept_length": 21 / verify_ct,
+                    "spec_num_correct_drafts": 21 - verify_ct, "spec_num_proposed_drafts": 3 * verify_ct,
+                    "spec_verify_ct": verify_ct}
+    assert standin.spec_meta_info(args, 0) == {}  # sglang: only with verify steps
+    assert standin.spec_meta_info(standin.parse_args(["--model-path", "/m"]), 21) == {}  # no draft: no keys
+
+
+def test_the_stand_in_reports_the_drafts_acceptance_in_generate_and_metrics_like_sglang(bed, tmp_path):
+    port = free_port()
+    proc = bed.start([*draft_args(bed, tmp_path / "draft", port), "--enable-metrics"], SANDBOX_DRAFT_ACCEPT="1.0")
+    proc.wait_for(READY, timeout=120)
+    base = f"http://127.0.0.1:{port}"
+    status, answer = http("POST", base + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 128}})
+    assert status == 200, answer
+    meta = answer["meta_info"]
+    tokens = meta["completion_tokens"]
+    assert {k: v for k, v in meta.items() if k.startswith("spec_")} == {
+        "spec_accept_rate": 0.0, "spec_accept_length": 1.0, "spec_num_correct_drafts": 0,
+        "spec_num_proposed_drafts": 3 * tokens, "spec_verify_ct": tokens}  # every draft token rejected
+    status, text = http("GET", base + "/metrics")
+    assert status == 200
+    # sglang 0.5.23 observability/metrics_collector.py: the gauge's HELP and TYPE, the scheduler's labels
+    assert ("# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding (accepted drafts + "
+            "bonus token per forward).\n# TYPE sglang:spec_accept_length gauge\n"
+            f'sglang:spec_accept_length{{model_name="{bed.model}",engine_type="unified",tp_rank="0",pp_rank="0",'
+            'moe_ep_rank="0"} 1.0\n') in text, text
+    proc.p.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    plain_port = free_port()  # without a draft: neither
+    plain = bed.start(["--model-path", str(bed.model), "--tp-size", "2", "--host", "127.0.0.1", "--port",
+                       str(plain_port), "--enable-metrics"])
+    plain.wait_for(READY, timeout=120)
+    status, answer = http("POST", f"http://127.0.0.1:{plain_port}/generate", {"text": "hi"})
+    assert status == 200 and not [k for k in answer["meta_info"] if k.startswith("spec_")], answer
+    assert "spec_accept_length" not in http("GET", f"http://127.0.0.1:{plain_port}/metrics")[1]
+    plain.p.send_signal(signal.SIGTERM)
+    assert plain.wait(15) == 0
 
 
 def test_the_stand_in_fails_like_sglang_on_a_missing_draft(bed, tmp_path):
