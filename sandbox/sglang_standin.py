@@ -77,6 +77,8 @@ Environment (all optional):
                             leaves (a fault: a pool far smaller than planned)
   SANDBOX_HANG_RANK         this TP rank hangs after "Load weight begin." and
                             logs nothing more (a fault: the start stalls)
+  SANDBOX_GIBBERISH=1       every answer is junk while /health stays 200 (a
+                            fault: up but broken; the smoke checks catch it)
   SANDBOX_GRAPH_OOM_RANK    this TP rank ("all": every rank) runs out of GPU
                             memory capturing its CUDA graphs, with SGLang's and
                             torch's own message (a fault: memory sized too tight)
@@ -116,6 +118,7 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import struct
@@ -1260,8 +1263,37 @@ def _count_tokens(text: str) -> int:
     return max(1, len(text.split()))
 
 
-def _reply(max_tokens) -> tuple[list[str], str]:
-    words = list(_REPLY_WORDS)
+# What a correct model answers, SIMULATED for the kinds of prompt a profile's smoke checks ask (no
+# model runs here): integer arithmetic, "reply with exactly the word X", a few facts. Anything else
+# gets the canned reply. SANDBOX_GIBBERISH=1: a server that is up but broken (a bad kernel, a wrong
+# quantization: sglang#8120, #13011) answers every prompt with the same junk while /health is 200.
+_EXACT_WORD = re.compile(r"exactly the word\s+[\"']?([A-Za-z0-9_-]+)", re.IGNORECASE)
+_ARITHMETIC = re.compile(r"(-?\d+)\s*([-+*x×])\s*(-?\d+)")
+_FACTS = {"capital of france": "Paris.", "capital of japan": "Tokyo.", "chemical symbol for gold": "Au.",
+          "largest planet": "Jupiter."}
+_GIBBERISH = ("!!!!", "ĠĠ", "!!!!", "<0x0A>", "!!!!") * 4
+
+
+def _answer(prompt: object) -> list[str] | None:
+    """A correct model's answer to a smoke check's kind of prompt (SIMULATED), or None."""
+    if not isinstance(prompt, str):
+        return None
+    word = _EXACT_WORD.search(prompt)
+    if word:
+        return [word.group(1)]
+    sum_ = _ARITHMETIC.search(prompt)
+    if sum_:
+        a, op, b = int(sum_.group(1)), sum_.group(2), int(sum_.group(3))
+        return [str(a + b if op == "+" else a - b if op == "-" else a * b)]
+    lowered = prompt.lower()
+    return next(([fact] for key, fact in _FACTS.items() if key in lowered), None)
+
+
+def _reply(max_tokens, prompt: object = None) -> tuple[list[str], str]:
+    if os.environ.get("SANDBOX_GIBBERISH") == "1":
+        words = list(_GIBBERISH)
+    else:
+        words = _answer(prompt) or list(_REPLY_WORDS)
     if isinstance(max_tokens, int) and 0 <= max_tokens < len(words):
         return words[:max_tokens], "length"
     return words, "stop"
@@ -1575,7 +1607,7 @@ class Handler(BaseHTTPRequestHandler):
             if isinstance(text, list):
                 text = " ".join(map(str, text))
             sp = body.get("sampling_params") or {}
-            words, finish = _reply(sp.get("max_new_tokens", 128))
+            words, finish = _reply(sp.get("max_new_tokens", 128), text)
             out = " ".join(words)
             finish_reason = (
                 {"type": "length", "length": len(words)} if finish == "length" else {"type": "stop", "matched": None}
@@ -1646,7 +1678,10 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(400, "prompt: field required")
             prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        words, finish = _reply(max_tokens)
+        # the user's last message is what a chat model answers (the system prompt is context)
+        last_user = next((m.get("content") for m in reversed(body.get("messages") or []) if isinstance(m, dict)
+                          and m.get("role") == "user"), None) if chat else prompt
+        words, finish = _reply(max_tokens, last_user)
         rid = uuid.uuid4().hex
         created = int(time.time())
         model = body.get("model") or a.served_model_name

@@ -14,6 +14,7 @@ from core.paths import MODELS_DIR
 from tasks.spec.errors import SpecError, format_errors, show, spec_lines
 from tasks.spec.fields import (FROZEN, Number, PositiveInt, RepoId, Revision, ServedName, ServerArgs,
                                SpeculativeAlgorithm)
+from tasks.spec.smoke import SmokeCheck
 from tasks.spec.tables import COMPRESSED_TENSORS_FORMATS
 
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -154,6 +155,12 @@ class ModelProfile(BaseModel):
         default_factory=LaunchExpectations,
         description="absent, or what SGLang must choose: {min_kv_tokens, min_context_length, attention_backend, "
         "on_mismatch: fail|warn}",
+    )
+
+    smoke: list[SmokeCheck] = Field(
+        default_factory=list,
+        description="absent, or a list of checks {prompt, expect (a regex), api: chat|completions, max_tokens, "
+        "chat_template_kwargs} that a restarted server must answer right (core/smoke_gate.py)",
     )
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ changes nothing):
 - the launch fingerprint: a KV pool a fraction of the memory fit's (SANDBOX_KV_FRACTION) fails with
   both numbers;
 - OOM at CUDA graph capture (SANDBOX_GRAPH_OOM_RANK): the scheduler dies with SGLang's message;
+- gibberish with /health 200 (SANDBOX_GIBBERISH): the profile's smoke checks fail, naming each prompt;
 - the speed gate: decode at a fifth of the host's last good tok/s (SANDBOX_GEN_DELAY_S) fails;
 the converge's own start is each gate's positive control.
 """
@@ -102,6 +103,22 @@ def test_oom_at_cuda_graph_capture_fails_with_sglangs_message_and_is_rolled_back
     failed = re.search(r"FAILED: sglang.service is .* after ([\d.]+) s", proc.out)
     assert failed and float(failed.group(1)) < 60, proc.out[-4000:]  # start_stall_s is 15: it ended on the failure
     assert "no progress for" not in proc.out  # (the stall's line, which test_a_rank_hung_... shows)
+    rolled_back_and_serving(host, proc, before)
+
+
+def test_gibberish_with_health_200_fails_the_smoke_checks_and_is_rolled_back(host, tmp_path):
+    """Up but broken (sglang#8120, #13011: a bad kernel or quantization): /health 200, the model listed, the
+    KV pool and the speed as planned, every answer junk. The profile's smoke checks catch it."""
+    assert "readiness: smoke checks passed: 2 of 2 (temperature 0)" in host.converge_out  # the positive control
+    before = unit_props(host, "sglang.service")
+    proc = pyinfra("deploy.py", "--group-data", faulty(tmp_path, SANDBOX_GIBBERISH="1"), limit=host.name)
+    assert proc.returncode != 0, proc.out[-4000:]
+    assert "readiness: launch fingerprint as planned" in proc.out and "readiness: decode speed as expected" in proc.out
+    wrong = re.findall(r"readiness: smoke: ('.*?') wanted /(.*?)/, got '(.*)'", proc.out)
+    assert [(prompt, regex) for prompt, regex, _ in wrong][:2] == [
+        ("'What is 17 + 25? Answer with the number only.'", r"\b42\b"), ("'Reply with exactly the word OK.'", r"^\s*OK\b")
+    ], proc.out[-4000:]
+    assert all("!!!!" in got for _, _, got in wrong)  # what came back
     rolled_back_and_serving(host, proc, before)
 
 
