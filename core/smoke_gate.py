@@ -42,8 +42,15 @@ def smoke_command(spec: Spec) -> str:
 
 def wrong_answers(results: dict) -> list[str]:
     """One line per check whose answer did not match: the prompt, the regex, what came back."""
-    return [f"{check['prompt']!r} wanted /{check['expect']}/, got {str(check.get('got'))[:200]!r}"
-            for check in results.get("checks", []) if not check.get("ok")]
+    lines = []
+    for check in results.get("checks", []):
+        if check.get("ok"):
+            continue
+        wanted = (f"a call of {check['tool']} with its required arguments" if check.get("tool") else "")
+        regex = f"/{check['expect']}/" if check.get("expect") else ""
+        wanted = f"{wanted} matching {regex}" if wanted and regex else wanted or regex
+        lines.append(f"{check['prompt']!r} wanted {wanted}, got {str(check.get('got'))[:200]!r}")
+    return lines
 
 
 def smoke_answers_right(state, host, spec: Spec) -> bool:
@@ -59,5 +66,7 @@ def smoke_answers_right(state, host, spec: Spec) -> bool:
     if wrong or len(results.get("checks", [])) != len(checks):
         return gate_failed(state, host, [f"readiness: smoke: {line}" for line in wrong]
                            or [f"readiness: smoke: {smoke_path(spec)} holds no answer for every check"])
-    host.log(f"readiness: smoke checks passed: {len(checks)} of {len(checks)} (temperature 0)", logger.warning)
+    tools = sum(1 for check in checks if check.tool is not None)
+    host.log(f"readiness: smoke checks passed: {len(checks)} of {len(checks)} (temperature 0"
+             + (f"; {tools} tool call(s) parsed)" if tools else ")"), logger.warning)
     return True

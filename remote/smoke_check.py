@@ -3,7 +3,9 @@
 Each check is one request at temperature 0 to /v1/chat/completions (the prompt as the user's
 message) or /v1/completions (the prompt as raw text), bounded by --max-s; its answer (a chat
 message's content, not a reasoning parser's reasoning_content) must match the check's regular
-expression (re.search). Prints one line ``smoke: {json}`` and keeps the same JSON in --out:
+expression (re.search). A check with a tool offers that function (tool_choice auto): the server's
+tool-call parser must return a call of it whose arguments are a JSON object holding every
+required property (and match the regex, if the check has one). Prints one line ``smoke: {json}`` and keeps the same JSON in --out:
 
     {"checks": [{"prompt": "...", "expect": "\\b42\\b", "api": "chat", "got": "42", "ok": true}], "passed": 1}
 
@@ -49,6 +51,9 @@ def ask(url: str, key: str | None, served: str, check: dict, timeout: float) -> 
         body["messages"] = [{"role": "user", "content": check["prompt"]}]
         if check.get("chat_template_kwargs"):
             body["chat_template_kwargs"] = check["chat_template_kwargs"]
+        if check.get("tool"):
+            body["tools"] = [{"type": "function", "function": check["tool"]}]
+            body["tool_choice"] = "auto"
     else:
         body["prompt"] = check["prompt"]
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -60,12 +65,38 @@ def ask(url: str, key: str | None, served: str, check: dict, timeout: float) -> 
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.loads(response.read())
         choice = answer["choices"][0]
+        if check.get("tool"):  # what the server's tool-call parser made of the answer
+            calls = choice["message"].get("tool_calls") or []
+            return json.dumps([call.get("function") for call in calls]), ""
         text = choice["message"].get("content") if chat else choice.get("text")
         return text if isinstance(text, str) else "", ""
     except urllib.error.HTTPError as err:
         return None, f"{path}: HTTP {err.code}: {err.read()[:200]!r}"
     except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
         return None, f"{path}: {type(err).__name__}: {err}"
+
+
+def judged(check: dict, got: str | None) -> bool:
+    """The answer matches the check: its regex; with a tool, the first call names the function and its
+    arguments are a JSON object holding every required property (and match the regex, if any)."""
+    if got is None:
+        return False
+    tool = check.get("tool")
+    if not tool:
+        return re.search(check["expect"], got) is not None
+    calls = json.loads(got)
+    if not calls or not isinstance(calls[0], dict) or calls[0].get("name") != tool["name"]:
+        return False
+    arguments = calls[0].get("arguments")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return False
+    required = tool.get("parameters", {}).get("required", [])
+    if not isinstance(parsed, dict) or any(name not in parsed for name in required):
+        return False
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return not check.get("expect") or re.search(check["expect"], text) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         got, error = ask(args.url, key, args.served_name, check, args.max_s)
         if error:
             failed.append(error)
-        results.append({"prompt": check["prompt"], "expect": check["expect"], "api": check.get("api", "chat"),
-                        "got": got, "ok": got is not None and re.search(check["expect"], got) is not None,
+        results.append({"prompt": check["prompt"], "expect": check.get("expect"), "api": check.get("api", "chat"),
+                        "tool": (check.get("tool") or {}).get("name"), "got": got, "ok": judged(check, got),
                         "seconds": round(time.monotonic() - started, 2)})
     out = {"checks": results, "passed": sum(1 for r in results if r["ok"])}
     text = json.dumps(out, sort_keys=True)

@@ -1289,6 +1289,29 @@ def _answer(prompt: object) -> list[str] | None:
     return next(([fact] for key, fact in _FACTS.items() if key in lowered), None)
 
 
+def _tool_call(tools: object, prompt: object, parser: str | None) -> list[dict] | None:
+    """A correct model's call of the offered tool the prompt names (else the first), SIMULATED, in the
+    shape SGLang's parser returns (entrypoints/openai/serving_chat.py _process_tool_calls, :3195-3210;
+    the id as _process_tool_call_id, :3129-3148): arguments as a JSON string, each required property
+    filled from the prompt (a capitalized word after "in"/"for", a number, else the first word)."""
+    offered = [t.get("function") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+    offered = [f for f in offered if isinstance(f, dict) and f.get("name")]
+    if not offered or not isinstance(prompt, str) or os.environ.get("SANDBOX_GIBBERISH") == "1":
+        return None  # gibberish has no tool-call markers: the parser finds no call
+    tool = next((f for f in offered if str(f["name"]).lower() in prompt.lower().replace(" ", "_")), offered[0])
+    schema = tool.get("parameters") or {}
+    place = re.search(r"\b(?:in|for|of)\s+([A-Z][\w-]*)", prompt)
+    number = re.search(r"-?\d+", prompt)
+    arguments = {}
+    for name in schema.get("required", []):
+        kind = (schema.get("properties", {}).get(name) or {}).get("type")
+        arguments[name] = (int(number.group()) if kind in ("integer", "number") and number
+                           else place.group(1) if place else prompt.split()[0])
+    call_id = f"functions.{tool['name']}:0" if parser == "kimi_k2" else f"call_{uuid.uuid4().hex[:24]}"
+    return [{"id": call_id, "index": 0, "type": "function",
+             "function": {"name": tool["name"], "arguments": json.dumps(arguments)}}]
+
+
 def _reply(max_tokens, prompt: object = None) -> tuple[list[str], str]:
     if os.environ.get("SANDBOX_GIBBERISH") == "1":
         words = list(_GIBBERISH)
@@ -1728,13 +1751,15 @@ class Handler(BaseHTTPRequestHandler):
                 return
             time.sleep(st.gen_delay)
             text = "".join(_chunks(words))
+            calls = _tool_call(body.get("tools"), last_user, a.tool_call_parser) if chat and a.tool_call_parser \
+                else None
             if chat:
                 choice = {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                "tool_calls": None},
+                    "message": {"role": "assistant", "content": "" if calls else text, "reasoning_content": None,
+                                "tool_calls": calls},
                     "logprobs": None,
-                    "finish_reason": finish,
+                    "finish_reason": "tool_calls" if calls and finish == "stop" else finish,
                     "matched_stop": None,
                 }
                 obj = "chat.completion"

@@ -164,6 +164,16 @@ class ModelProfile(BaseModel):
     )
 
     @model_validator(mode="after")
+    def _tool_checks_need_a_parser(self) -> ModelProfile:
+        for i, check in enumerate(self.smoke):
+            if check.tool is not None and "--tool-call-parser" not in self.extra_server_args:
+                raise spec_lines(
+                    f"smoke[{i}].tool = {check.tool.name!r}: the server parses no tool calls (no --tool-call-parser "
+                    "in extra_server_args): allowed: a tool check with --tool-call-parser, or none"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _accept_length_needs_a_draft(self) -> ModelProfile:
         # the draft gate reads a draft's accept length: without a draft the setting would check nothing
         if self.draft is None and self.expect.min_accept_length is not None:

@@ -41,7 +41,7 @@ def faulty(tmp_path, **env) -> str:
     return str(tmp_path)
 
 
-def rolled_back_and_serving(host, proc, before) -> None:
+def rolled_back_and_serving(host, proc, before, *args: str) -> None:
     assert "readiness: rolled back: sglang.service serves the last good configuration again" in proc.out, \
         proc.out[-4000:]
     after = unit_props(host, "sglang.service")
@@ -49,7 +49,7 @@ def rolled_back_and_serving(host, proc, before) -> None:
     assert host.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").stdout == "200"
     since = int(time.time()) + 1  # a whole second after the rollback's own start lines (its warmup /generate)
     time.sleep(since - time.time())
-    again = pyinfra("deploy.py", limit=host.name)
+    again = pyinfra("deploy.py", *args, limit=host.name)
     assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
     # a run that restarts nothing measures nothing (the converge's own start ran the gates: the control)
     assert "readiness: gates passed in " in host.converge_out
@@ -106,20 +106,35 @@ def test_oom_at_cuda_graph_capture_fails_with_sglangs_message_and_is_rolled_back
     rolled_back_and_serving(host, proc, before)
 
 
-def test_gibberish_with_health_200_fails_the_smoke_checks_and_is_rolled_back(host, tmp_path):
+def test_gibberish_with_health_200_fails_the_smoke_checks_and_the_tool_call_and_is_rolled_back(host, tmp_path):
     """Up but broken (sglang#8120, #13011: a bad kernel or quantization): /health 200, the model listed, the
-    KV pool and the speed as planned, every answer junk. The profile's smoke checks catch it."""
-    assert "readiness: smoke checks passed: 2 of 2 (temperature 0)" in host.converge_out  # the positive control
-    before = unit_props(host, "sglang.service")
-    proc = pyinfra("deploy.py", "--group-data", faulty(tmp_path, SANDBOX_GIBBERISH="1"), limit=host.name)
-    assert proc.returncode != 0, proc.out[-4000:]
-    assert "readiness: launch fingerprint as planned" in proc.out and "readiness: decode speed as expected" in proc.out
-    wrong = re.findall(r"readiness: smoke: ('.*?') wanted /(.*?)/, got '(.*)'", proc.out)
-    assert [(prompt, regex) for prompt, regex, _ in wrong][:2] == [
-        ("'What is 17 + 25? Answer with the number only.'", r"\b42\b"), ("'Reply with exactly the word OK.'", r"^\s*OK\b")
-    ], proc.out[-4000:]
-    assert all("!!!!" in got for _, _, got in wrong)  # what came back
-    rolled_back_and_serving(host, proc, before)
+    KV pool and the speed as planned, every answer junk and no tool call. On the profile with a tool-call
+    parser (models/sandbox-tiny-tools.yaml: the same model, no download), whose start is the positive
+    control of the tool-call round trip; the host goes back to the default profile at the end."""
+    assert "readiness: smoke checks passed: 2 of 2 (temperature 0)" in host.converge_out  # the default profile's
+    tools = ("--data", "model=sandbox-tiny-tools")
+    good = pyinfra("deploy.py", *tools, limit=host.name)
+    assert good.returncode == 0, good.out[-4000:]
+    assert "readiness: smoke checks passed: 3 of 3 (temperature 0; 1 tool call(s) parsed)" in good.out, good.out[-4000:]
+    kept = json.loads(host.run("cat /var/lib/sglang-converge/launch/sglang.smoke.json").stdout)
+    assert json.loads(kept["checks"][2]["got"]) == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    try:
+        before = unit_props(host, "sglang.service")
+        proc = pyinfra("deploy.py", *tools, "--group-data", faulty(tmp_path, SANDBOX_GIBBERISH="1"), limit=host.name)
+        assert proc.returncode != 0, proc.out[-4000:]
+        assert "readiness: launch fingerprint as planned" in proc.out and "readiness: decode speed as expected" in proc.out
+        wrong = re.findall(r"readiness: smoke: ('.*?') wanted (.*?), got '(.*)'", proc.out)
+        assert [(prompt, wanted) for prompt, wanted, _ in wrong][:3] == [
+            ("'What is 17 + 25? Answer with the number only.'", r"/\b42\b/"),
+            ("'Reply with exactly the word OK.'", r"/^\s*OK\b/"),
+            ("'What is the weather in Paris right now? Use the tool.'",
+             "a call of get_weather with its required arguments matching /(?i)paris/"),
+        ], proc.out[-4000:]
+        assert "!!!!" in wrong[0][2] and wrong[2][2] == "[]"  # what came back: junk, and no call
+        rolled_back_and_serving(host, proc, before, *tools)
+    finally:
+        back = pyinfra("deploy.py", limit=host.name)  # the shared host's later users expect the default profile
+        assert back.returncode == 0 and "ready: sglang.service serves tiny at " in back.out, back.out[-4000:]
 
 
 def test_decode_far_slower_than_the_hosts_last_good_fails_the_speed_gate(host, tmp_path):

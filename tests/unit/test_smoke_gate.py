@@ -43,7 +43,42 @@ def test_a_check_needs_a_regex_that_compiles_and_an_api_that_exists():
 def test_the_profiles_the_repo_ships_carry_checks():
     assert [c.expect for c in load_profile("sandbox-tiny").smoke] == [r"\b42\b", r"^\s*OK\b"]
     kimi = load_profile("kimi-k2.6").smoke
-    assert len(kimi) == 3 and all(c.chat_template_kwargs == {"thinking": False} for c in kimi)
+    assert len(kimi) == 4 and all(c.chat_template_kwargs == {"thinking": False} for c in kimi)
+    assert [c.tool.name for c in kimi if c.tool] == ["get_weather"]  # kimi_k2's tool-call parser, round trip
+    assert [c.tool.name for c in load_profile("sandbox-tiny-tools").smoke if c.tool] == ["get_weather"]
+
+
+TOOL = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                              "required": ["city"]}}
+
+
+def test_a_tool_check_needs_the_servers_tool_call_parser_and_an_object_schema():
+    with pytest.raises(ValidationError) as err:
+        with_smoke([{"prompt": "weather?", "tool": TOOL}])  # sandbox-tiny has no --tool-call-parser
+    assert format_errors(err.value, ModelProfile) == [
+        "smoke[0].tool = 'get_weather': the server parses no tool calls (no --tool-call-parser in "
+        "extra_server_args): allowed: a tool check with --tool-call-parser, or none"]
+    with pytest.raises(ValidationError) as err:
+        with_smoke([{"prompt": "x"}])
+    assert "a check needs expect (a regex) or tool" in format_errors(err.value, ModelProfile)[0]
+    bad = {**TOOL, "parameters": {"type": "object", "properties": {}, "required": ["city"]}}
+    with pytest.raises(ValidationError) as err:
+        with_smoke([{"prompt": "x", "tool": bad}])
+    assert "required ['city'] not among the properties" in format_errors(err.value, ModelProfile)[0]
+
+
+def test_a_tool_call_passes_only_with_the_function_and_its_required_arguments():
+    script = load(REPO / "remote" / "smoke_check.py", "smoke_check")
+    check = {"prompt": "weather in Paris?", "tool": TOOL, "expect": "(?i)paris"}
+    call = [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    assert script.judged(check, json.dumps(call))
+    assert not script.judged(check, json.dumps([{"name": "get_time", "arguments": '{"city": "Paris"}'}]))
+    assert not script.judged(check, json.dumps([{"name": "get_weather", "arguments": '{"town": "Paris"}'}]))
+    assert not script.judged(check, json.dumps([{"name": "get_weather", "arguments": '{"city": "Paris"'}]))  # not JSON
+    assert not script.judged(check, json.dumps([{"name": "get_weather", "arguments": '{"city": "Rome"}'}]))
+    assert not script.judged(check, "[]") and not script.judged(check, None)
+    assert wrong_answers({"checks": [{"prompt": "p", "tool": "get_weather", "expect": "(?i)paris", "got": "[]"}]}) == [
+        "'p' wanted a call of get_weather with its required arguments matching /(?i)paris/, got '[]'"]
 
 
 def test_a_wrong_answer_names_the_prompt_the_regex_and_what_came_back():
@@ -140,6 +175,12 @@ def test_the_stand_in_answers_the_checks_kinds_of_prompt_and_junk_when_broken(st
     assert standin._reply(8, "Reply with exactly the word OK.") == (["OK"], "stop")
     assert standin._reply(8, "What is the capital of France?") == (["Paris."], "stop")
     assert standin._reply(64, "Tell me a story")[0][:3] == ["This", "is", "a"]  # anything else: the canned reply
+    tools = [{"type": "function", "function": TOOL}, {"type": "function", "function": {**TOOL, "name": "other"}}]
+    (call,) = standin._tool_call(tools, "What is the weather in Paris right now?", "kimi_k2")
+    assert call["id"] == "functions.get_weather:0" and call["type"] == "function"  # SGLang's kimi_k2 id
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert standin._tool_call(None, "weather in Paris", "kimi_k2") is None  # no tools offered: no call
     monkeypatch.setenv("SANDBOX_GIBBERISH", "1")
     junk = " ".join(standin._reply(64, "What is 17 + 25?")[0])
     assert "42" not in junk and "!!!!" in junk
+    assert standin._tool_call(tools, "What is the weather in Paris?", "kimi_k2") is None  # junk parses to no call
