@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, operation
 
+from core.fingerprint import wait_args as fingerprint_wait_args
 from core.ops import managed_file, plan, record_failure
 from core.paths import REMOTE_SRC_DIR
 from core.render import SERVER_LAUNCHER_SCRIPT, Rendered, packages_digest, sha256
@@ -177,3 +178,15 @@ def unit_installed(unit: str):
         changed = True
     if not changed:
         host.noop(f"{unit} is loaded and enabled")
+
+
+def wait_command(spec: Spec, timeout: float) -> str:
+    """remote/wait_ready.py on the host: until ready (at most ``timeout`` s), then /server_info kept."""
+    args = [
+        spec.venv_python, "-u", "-c", WAIT_SCRIPT.read_text(),
+        "--unit", spec.unit_name, "--url", local_url(spec), "--served-name", spec.served_model_name,
+        "--timeout", str(timeout), *start_progress_args(spec), *fingerprint_wait_args(spec),
+    ]
+    if spec.server_options:
+        args += ["--options-file", spec.options_path]
+    return " ".join(shlex.quote(arg) for arg in args)

@@ -1,6 +1,7 @@
 """python -m rollout INVENTORY --batch-size N [--canary 1] [--max-failed 0] [--dry] [--limit ...]
 python -m rollout INVENTORY --status [--limit ...]
 python -m rollout INVENTORY --rollback [--batch-size N] [--limit ...]
+python -m rollout INVENTORY --verify [--limit ...]
 
 Rolls deploy.py over the inventory's hosts: router hosts first, then the
 servers in inventory order - the canary batch, then batches of N - each batch
@@ -11,6 +12,12 @@ every host that cannot take the model, or cannot be reached, is reported (exit 2
 
 --rollback rolls rollback.py instead, the same way: each server's previous
 good configuration put back (tasks/rollback.py), out of its router and back.
+
+--verify runs verify.py on every server at once: the readiness gates (the
+launch fingerprint, the decode speed, the draft, the smoke checks) on each
+server as it serves, every gate also after one failed; nothing restarts, no
+configuration file is written, router membership stays (tasks/verify.py);
+the summary's error column names each host's first failed gate, exit 1.
 
 --status changes nothing: per host the unit, whether it serves, the model
 revision on disk, drift (why the next deploy would restart it) and its place
@@ -64,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="override data for every host, like pyinfra's --data (JSON values parsed)")
     parser.add_argument("--group-data", action="append", default=[], metavar="DIR",
                         help="another group_data directory (its files override), like pyinfra's --group-data")
+    parser.add_argument("--verify", action="store_true",
+                        help="run the readiness gates on every server as it serves; changes nothing (verify.py)")
     parser.add_argument("--deploy", default="deploy.py", help="the deploy file (default deploy.py)")
     parser.add_argument("--rollback", action="store_true",
                         help="put each server's previous good configuration back (rollback.py), batch by batch")
@@ -102,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollback and (args.deploy != "deploy.py" or args.status):
         print("rollout: --rollback runs rollback.py: not with --deploy or --status", file=sys.stderr)
         return 2
+    if args.verify and (args.deploy != "deploy.py" or args.status or args.rollback or args.dry):
+        print("rollout: --verify runs verify.py: not with --deploy, --status, --rollback or --dry", file=sys.stderr)
+        return 2
     data = {}
     for item in args.data:
         key, sep, value = item.partition("=")
@@ -115,11 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     cli_mode()
     from tasks.spec import SpecError
 
+    # --verify: every server at once (nothing restarts, so no batch has to wait for another)
     driver = Driver(
-        args.inventory, batch_size=args.batch_size, canary=args.canary, max_failed=args.max_failed,
-        dry=args.dry, diff=args.diff, limit=args.limit, data=data, group_data=args.group_data,
-        deploy_file="rollback.py" if args.rollback else args.deploy, preflight=not args.no_preflight,
-        seed=not args.no_seed and not args.rollback,
+        args.inventory, batch_size=10**6 if args.verify else args.batch_size, canary=0 if args.verify else args.canary,
+        max_failed=10**6 if args.verify else args.max_failed, dry=args.dry, diff=args.diff, limit=args.limit,
+        data=data, group_data=args.group_data,
+        deploy_file="verify.py" if args.verify else "rollback.py" if args.rollback else args.deploy,
+        preflight=not args.no_preflight and not args.verify, seed=not args.no_seed and not args.rollback and not args.verify,
     )
     from rollout import profile
 

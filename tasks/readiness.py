@@ -17,12 +17,12 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from core.fingerprint import launch_plan, wait_args
+from core.fingerprint import launch_plan
 from core.last_good import last_good_dir, last_good_stamp_path, last_good_written, ready_or_rolled_back
 from core.ops import plan, preparing
 from core.render import render
 from core.runstate import run_state
-from core.server import WAIT_SCRIPT, local_url, restarted_this_run, start_progress_args
+from core.server import local_url, restarted_this_run, wait_command
 from core.memory_fit import memory_fit
 from core.stamps import read_stamp, restart_reasons, stamp_path
 from facts.gpu import NvidiaGpus
@@ -51,14 +51,7 @@ def server_ready(spec: Spec):
     stall = f", failing after {spec.start_stall_s:.0f} s without start progress" if spec.start_stall_s else ""
     plan(f"wait until {url}/health is 200 and /v1/models lists {spec.served_model_name!r} "
          f"(at most {spec.readiness_timeout_s:.0f} s{stall})")
-    args = [
-        spec.venv_python, "-u", "-c", WAIT_SCRIPT.read_text(),
-        "--unit", spec.unit_name, "--url", url, "--served-name", spec.served_model_name,
-        "--timeout", str(spec.readiness_timeout_s), *start_progress_args(spec), *wait_args(spec),
-    ]
-    if spec.server_options:
-        args += ["--options-file", spec.options_path]
-    command = " ".join(shlex.quote(arg) for arg in args)
+    command = wait_command(spec, spec.readiness_timeout_s)
     # what SGLang must choose (core/fingerprint.py): the command line's values, the memory fit's KV tokens
     plan_ = launch_plan(spec, memory_fit(spec, host.get_fact(NvidiaGpus))[0])
     if plan_.kv_tokens:

@@ -178,6 +178,35 @@ def test_status_shows_the_fleet_and_drift_and_changes_nothing(hosts, rolled, tmp
     assert "Starting operation" not in proc.out
 
 
+WATCHED = "/etc/sglang /etc/systemd/system/sglang.service /var/lib/sglang-converge/last-good"
+
+
+def config_listing(host) -> str:
+    """Every file of the server's configuration and of its last good copy: path, size, mtime."""
+    return host.run(f"find {WATCHED} -printf '%p %s %T@\\n' | sort").stdout
+
+
+def test_verify_runs_every_gate_on_every_server_and_changes_nothing(hosts, rolled):
+    folder, _before, _proc = rolled
+    before = {name: (started_us(hosts[name]), config_listing(hosts[name])) for name in SERVERS}
+    assert "/var/lib/sglang-converge/last-good/sglang/speed.json " in before["sgc11"][1]  # the listing sees them
+    proc = rollout("--verify", "--group-data", folder)
+    assert proc.returncode == 0, proc.out[-5000:]
+    rows = summary(proc.out)
+    for name in SERVERS:
+        assert (rows[name]["result"], rows[name]["restarted"]) == ("ok", "no"), rows
+        found = re.search(rf"\[{name}\] verify: every gate passed in [\d.]+ s \(fingerprint [\d.]+ s, speed [\d.]+ s, "
+                          rf"smoke [\d.]+ s\)", proc.out)
+        assert found, proc.out[-5000:]
+        assert f"[{name}] readiness: launch fingerprint as planned" in proc.out  # each gate's own line
+        assert f"[{name}] readiness: smoke checks passed: 2 of 2" in proc.out
+    assert {name: (started_us(hosts[name]), config_listing(hosts[name])) for name in SERVERS} == before
+    assert json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]  # still registered
+    healthy = [w for w in json.loads(hosts[ROUTER].run("curl -s localhost:30000/workers").stdout)["workers"]
+               if w["is_healthy"]]
+    assert len(healthy) == 4, healthy
+
+
 def test_failing_canary_stops_the_rollout_and_leaves_the_others_untouched(hosts, rolled, tmp_path):
     rolled_folder, _before, _proc = rolled
     units = {name: hosts[name].run("cat /etc/systemd/system/sglang.service").stdout for name in SERVERS}

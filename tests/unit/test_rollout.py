@@ -145,6 +145,15 @@ def test_cli_refuses_bad_batch_size():
     assert proc.returncode == 2 and "--batch-size must be >= 1" in proc.stderr
 
 
+@pytest.mark.parametrize("other", [["--dry"], ["--status"], ["--rollback"], ["--deploy", "other.py"]])
+def test_verify_changes_nothing_so_it_refuses_what_would(other):
+    assert parse_args(["inventory/x.py", "--verify"]).verify
+    proc = subprocess.run([sys.executable, "-m", "rollout", "inventory/sandbox_fleet.py", "--verify", *other],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "--verify runs verify.py: not with --deploy, --status, --rollback or --dry" in proc.stderr
+
+
 # ------------------------------------------------------------------ the fleet inventory
 
 
