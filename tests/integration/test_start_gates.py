@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tests.integration.helpers import ROOT, grand_total, pyinfra, shared_converged_host, unit_props
+from tests.integration.helpers import ROOT, grand_total, pyinfra, shared_converged_host, unit_props, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -152,3 +152,27 @@ def test_decode_far_slower_than_the_hosts_last_good_fails_the_speed_gate(host, t
     assert slow and int(slow.group(2)) < 40 and float(slow.group(3)) == kept["c1"]["tok_s"], proc.out[-4000:]
     rolled_back_and_serving(host, proc, before)
     assert json.loads(host.run("cat /var/lib/sglang-converge/last-good/sglang/speed.json").stdout) == kept
+
+
+def test_verify_runs_every_gate_on_the_server_as_it_serves_and_a_stopped_one_fails_untouched(host):
+    """`pyinfra ... verify.py` (what `rollout --verify` runs): every gate on the serving server, nothing
+    restarted; a server that does not serve fails at once and verify starts nothing."""
+    before = unit_props(host, "sglang.service")
+    ok = pyinfra("verify.py", limit=host.name)
+    assert ok.returncode == 0, ok.out[-4000:]
+    assert re.search(r"verify: every gate passed in [\d.]+ s \(fingerprint [\d.]+ s, speed [\d.]+ s, smoke [\d.]+ s\)",
+                     ok.out), ok.out[-4000:]
+    assert unit_props(host, "sglang.service")["MainPID"] == before["MainPID"]
+    host.run("systemctl stop sglang.service")
+    try:
+        started = time.monotonic()
+        bad = pyinfra("verify.py", limit=host.name)
+        took = time.monotonic() - started
+        assert bad.returncode != 0, bad.out[-4000:]
+        assert "FAILED: " in bad.out and "verify: every gate passed" not in bad.out, bad.out[-4000:]
+        assert took < 90, took  # the wait's own verdict, not its 60 s bound plus the gates
+        assert unit_props(host, "sglang.service")["ActiveState"] == "inactive"  # verify started nothing
+    finally:
+        host.run("systemctl start sglang.service")
+        wait_until(lambda: host.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health",
+                                    check=False).stdout == "200", 120, "sglang.service to serve again")
