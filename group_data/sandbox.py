@@ -45,3 +45,8 @@ readiness_timeout_s = 120
 stale_grace_s = 5
 api_key_env = "SGLANG_API_KEY"  # used when exported on the controller...
 api_key_required = False        # ...and the sandbox serves without a key when it is not
+# The stand-in decodes its 21-token reply in ~0.05 s, so its tok/s is mostly CPU scheduling on the
+# sandbox's 2 shared cores: within one rollout of 2 hosts at once the same configuration measured
+# 20-40% of its last good figure. 0.1 still fails a server 10x slower; the speed gate's own test
+# (tests/integration/test_start_gates.py) restarts alone and holds it to the default 0.8.
+perf_tolerance = 0.1

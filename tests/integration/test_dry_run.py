@@ -119,7 +119,7 @@ def test_the_converged_host_switched_to_the_nvfp4_profile_plans_converges_and_st
     assert "plan: restart sglang.service: " in dry.out, dry.out[-4000:]  # and why
     # and what ready will mean for it (README: What ready means)
     assert "plan: then: SGLang's KV pool holds at least 0.5 x " in dry.out, dry.out[-4000:]
-    assert "plan: then: decode speed (concurrency 1 and 4, 128 tokens) at least 0.8 x this host's last good tok/s" \
+    assert "plan: then: decode speed (concurrency 1 and 4, 128 tokens) at least 0.1 x this host's last good tok/s" \
         in dry.out, dry.out[-4000:]
     proc = pyinfra("deploy.py", *switch, limit=host.name)
     assert proc.returncode == 0, proc.out[-4000:]
