@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra import logger
 
-from core.memory_fit import server_arg
+from core.memory_fit import memory_fit, server_arg
 from core.ops import gate_failed, read_host_json, record_failure
 from core.paths import STATE_DIR
 
@@ -92,6 +92,11 @@ def launch_plan(spec: Spec, fit: MemoryFit | None) -> LaunchPlan:
     expect_equal = {"attention_backend": expect.attention_backend} if expect.attention_backend else {}
     return LaunchPlan(equal=equal, kv_tokens=kv_tokens, kv_from=kv_from, kv_tolerance=spec.kv_plan_tolerance,
                       at_least=at_least, expect_equal=expect_equal, warn_only=expect.on_mismatch == "warn")
+
+
+def planned_launch(spec: Spec, gpus: list) -> LaunchPlan:
+    """The plan on these GPUs: launch_plan with the memory fit's KV estimate (none when it cannot be known)."""
+    return launch_plan(spec, memory_fit(spec, gpus)[0])
 
 
 def compare(plan: LaunchPlan, fingerprint: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -9,6 +9,7 @@ the local URL it serves on, and "restarted this run" on the run state.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 import time
 from io import StringIO
 from typing import TYPE_CHECKING
@@ -180,13 +181,18 @@ def unit_installed(unit: str):
         host.noop(f"{unit} is loaded and enabled")
 
 
+def script_command(spec: Spec, script: Path, args: list[str]) -> str:
+    """A remote/ script run by the venv's python on the host (its text as -c: nothing uploaded), with the
+    options file it reads the API key from (never argv), quoted for the shell."""
+    argv = [spec.venv_python, "-u", "-c", script.read_text(), *args]
+    if spec.server_options:
+        argv += ["--options-file", spec.options_path]
+    return " ".join(shlex.quote(arg) for arg in argv)
+
+
 def wait_command(spec: Spec, timeout: float) -> str:
     """remote/wait_ready.py on the host: until ready (at most ``timeout`` s), then /server_info kept."""
-    args = [
-        spec.venv_python, "-u", "-c", WAIT_SCRIPT.read_text(),
+    return script_command(spec, WAIT_SCRIPT, [
         "--unit", spec.unit_name, "--url", local_url(spec), "--served-name", spec.served_model_name,
         "--timeout", str(timeout), *start_progress_args(spec), *fingerprint_wait_args(spec),
-    ]
-    if spec.server_options:
-        args += ["--options-file", spec.options_path]
-    return " ".join(shlex.quote(arg) for arg in args)
+    ])

@@ -10,14 +10,13 @@ readiness like a crash (rolled back), with the prompt, what was wanted and what 
 from __future__ import annotations
 
 import json
-import shlex
 from typing import TYPE_CHECKING
 
 from pyinfra import logger
 
 from core.ops import gate_failed, read_host_json, stream
 from core.paths import REMOTE_SRC_DIR, STATE_DIR
-from core.server import local_url
+from core.server import local_url, script_command
 
 if TYPE_CHECKING:
     from tasks.spec import Spec
@@ -32,12 +31,9 @@ def smoke_path(spec: Spec) -> str:
 
 def smoke_command(spec: Spec) -> str:
     checks = [check.model_dump(exclude_none=True) for check in spec.profile.smoke]
-    args = [spec.venv_python, "-u", "-c", SMOKE_SCRIPT.read_text(), "--url", local_url(spec),
-            "--served-name", spec.served_model_name, "--checks", json.dumps(checks), "--max-s", str(MAX_S),
-            "--out", smoke_path(spec)]
-    if spec.server_options:
-        args += ["--options-file", spec.options_path]
-    return " ".join(shlex.quote(arg) for arg in args)
+    return script_command(spec, SMOKE_SCRIPT, ["--url", local_url(spec), "--served-name", spec.served_model_name,
+                                               "--checks", json.dumps(checks), "--max-s", str(MAX_S),
+                                               "--out", smoke_path(spec)])
 
 
 def wrong_answers(results: dict) -> list[str]:

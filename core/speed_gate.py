@@ -11,7 +11,6 @@ nothing is why such a server is slow), so it runs even with perf_tolerance 0 and
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from pyinfra import logger
@@ -19,7 +18,7 @@ from pyinfra import logger
 from core.draft_gate import draft_accepted
 from core.ops import gate_failed, read_host_json, stream
 from core.paths import REMOTE_SRC_DIR, STATE_DIR
-from core.server import local_url
+from core.server import local_url, script_command
 
 if TYPE_CHECKING:
     from tasks.spec import Spec
@@ -34,11 +33,9 @@ def speed_path(spec: Spec) -> str:
 
 
 def speed_command(spec: Spec, url: str) -> str:
-    args = [spec.venv_python, "-u", "-c", SPEED_SCRIPT.read_text(), "--url", url, "--tokens", str(TOKENS),
-            "--concurrency", ",".join(map(str, CONCURRENCY)), "--max-s", str(MAX_S), "--out", speed_path(spec)]
-    if spec.server_options:
-        args += ["--options-file", spec.options_path]
-    return " ".join(shlex.quote(arg) for arg in args)
+    return script_command(spec, SPEED_SCRIPT, ["--url", url, "--tokens", str(TOKENS), "--concurrency",
+                                               ",".join(map(str, CONCURRENCY)), "--max-s", str(MAX_S),
+                                               "--out", speed_path(spec)])
 
 
 def compare(measured: dict[str, Any], last_good: dict[str, Any] | None, tolerance: float,

@@ -46,10 +46,9 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.context import ctx_host, state
 
 from core.checks import resolved_spec
-from core.fingerprint import launch_plan, wait_args
+from core.fingerprint import planned_launch, wait_args
 from core.gates import gates_pass
 from core.last_good import last_good_dir
-from core.memory_fit import memory_fit
 from core.ops import fail_command, plan, preparing, record_failure, report
 from core.render import Rendered, render
 from core.runstate import run_state
@@ -440,8 +439,7 @@ def _gates_pass_at_rank_0(state, host, spec: Spec) -> bool:
     """The readiness gates (core/gates.py) at rank 0, where the group serves, before the other ranks
     hear it is ready. A group keeps no last good configuration (it is not rolled back): the speed
     gate holds it to the profile's floor only."""
-    fit = memory_fit(spec, host.get_fact(NvidiaGpus))[0]
-    return gates_pass(state, host, spec, launch_plan(spec, fit), last_good_dir(spec))
+    return gates_pass(state, host, spec, planned_launch(spec, host.get_fact(NvidiaGpus)), last_good_dir(spec))
 
 
 def _rank_ready(spec: Spec) -> bool:

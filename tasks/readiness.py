@@ -17,13 +17,12 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from core.fingerprint import launch_plan
+from core.fingerprint import planned_launch
 from core.last_good import last_good_dir, last_good_stamp_path, last_good_written, ready_or_rolled_back
 from core.ops import plan, preparing
 from core.render import render
 from core.runstate import run_state
 from core.server import local_url, restarted_this_run, wait_command
-from core.memory_fit import memory_fit
 from core.stamps import read_stamp, restart_reasons, stamp_path
 from facts.gpu import NvidiaGpus
 from facts.http import HttpStatus
@@ -53,7 +52,7 @@ def server_ready(spec: Spec):
          f"(at most {spec.readiness_timeout_s:.0f} s{stall})")
     command = wait_command(spec, spec.readiness_timeout_s)
     # what SGLang must choose (core/fingerprint.py): the command line's values, the memory fit's KV tokens
-    plan_ = launch_plan(spec, memory_fit(spec, host.get_fact(NvidiaGpus))[0])
+    plan_ = planned_launch(spec, host.get_fact(NvidiaGpus))
     if plan_.kv_tokens:
         plan(f"then: SGLang's KV pool holds at least {plan_.kv_tolerance:g} x {plan_.kv_tokens} tokens "
              f"({plan_.kv_from}), and it runs {', '.join(f'{k}={v}' for k, v in plan_.equal.items())}")

@@ -17,10 +17,9 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 
-from core.fingerprint import LaunchPlan, fingerprint_path, launch_plan
+from core.fingerprint import LaunchPlan, fingerprint_path, planned_launch
 from core.gates import run_gates, took
 from core.last_good import last_good_dir
-from core.memory_fit import memory_fit
 from core.ops import plan, stream
 from core.server import wait_command
 from facts.gpu import NvidiaGpus
@@ -58,5 +57,5 @@ def gates_verified(spec: Spec):
         return
     plan(f"verify {spec.unit_name} as it serves: the launch fingerprint, the decode speed, the draft, the smoke "
          "checks (nothing restarts)")
-    plan_ = launch_plan(spec, memory_fit(spec, host.get_fact(NvidiaGpus))[0])
+    plan_ = planned_launch(spec, host.get_fact(NvidiaGpus))
     yield FunctionCommand(_verify, (spec, plan_), {})
