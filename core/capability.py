@@ -96,7 +96,7 @@ def cuda_major(requirements: tuple[str, ...]) -> tuple[int, str] | None:
 
 def interpreter_of(spec: Spec) -> tuple[str | None, str, bool | None]:
     """(python version, which interpreter, has ensurepip): the existing venv's, else venv_python's."""
-    venv = host.get_fact(VenvState, path=spec.venv_path)
+    venv = host.get_fact(VenvState, path=spec.server_venv)
     if venv.exists:
         return venv.python_version, f"the venv's python {spec.python_bin}", venv.has_ensurepip
     found = host.get_fact(PythonInterpreter, python=spec.venv_python)
@@ -168,7 +168,7 @@ def getpip_check(spec: Spec, has_ensurepip: bool | None, who: str, out: StackChe
     """get-pip.py is downloaded with curl (core/venv_ops.py) when the venv has no pip and no ensurepip."""
     if spec.pip_wheel or has_ensurepip is None or has_ensurepip:
         return
-    venv = host.get_fact(VenvState, path=spec.venv_path)
+    venv = host.get_fact(VenvState, path=spec.server_venv)
     if venv.exists and venv.pip_version:
         return
     if host.get_fact(Which, command="curl"):

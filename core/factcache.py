@@ -195,7 +195,7 @@ def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
                                                       pending_stamp_path(spec))]
     reads += [(FileDigest, {"path": path})
               for path in (spec.unit_path, spec.options_path, spec.env_path, SERVER_LAUNCHER)]
-    reads += [(VenvFacts, {"path": spec.venv_path}), (PortListener, {"port": spec.listen_port}),
+    reads += [(VenvFacts, {"path": spec.server_venv}), (PortListener, {"port": spec.listen_port}),
               (NvmlGpuUsage, {"python": spec.python_bin}), (SystemdUnitState, {"unit": spec.unit_name})]
     return reads
 

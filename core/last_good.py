@@ -11,9 +11,12 @@ When a restart of this run fails readiness (crash at start, load failure,
 timeout) and ``rollback_on_failure`` is on, the readiness step puts those
 files back, restarts the unit, waits until it serves again, and still fails
 the run, with ``rolled back: <cause>``: the operator's change did not go in.
-Only files are rolled back: when the venv's packages or the model revision
-differ from the last good ones, the files alone would not bring that
-configuration back, so nothing is rolled back and the run says why.
+Packages come back with the files: each package set has its own venv
+(core/server_envs.py) and the unit file names it, so the kept unit runs the
+kept packages as long as that venv is kept (``keep_envs``). When it is gone,
+or the model revision differs from the last good one, the files alone would
+not bring that configuration back, so nothing is rolled back and the run says
+why.
 
     FunctionCommand(ready_or_rolled_back, (wait_command, timeout, spec), {})
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pyinfra import host as current_host, logger
@@ -39,7 +43,9 @@ from core.paths import STATE_DIR
 from core.router_membership import registered
 from core.runstate import Failure, run_state
 from core.stamps import package_changes, pending_stamp_path, read_stamp, stamp_path
+from core.render import packages_digest
 from facts.files import FileText
+from facts.venv import VenvPackages
 
 if TYPE_CHECKING:
     from tasks.spec import Spec
@@ -105,26 +111,44 @@ def same_files(kept: dict[str, Any], current: dict[str, Any]) -> bool:
     return all(kept.get(name) == current.get(name) for name in FILES)
 
 
-def why_not_rolled_back(spec: Spec, last_good: dict[str, Any], current: dict[str, Any]) -> str | None:
+def why_not_rolled_back(spec: Spec, last_good: dict[str, Any], current: dict[str, Any],
+                        packages_of: Callable[[str], dict[str, str]] | None = None) -> str | None:
     """Why the last good configuration cannot be put back by its files alone (None: it can)."""
     if not last_good:
         return (f"no last good configuration is recorded ({last_good_dir(spec)}: one is recorded once a "
                 "configuration serves)")
     if same_files(last_good, current):
         return "the configuration that failed is the last good one (its files did not change)"
-    return not_by_files_alone(last_good, current)
+    return not_by_files_alone(last_good, current, packages_of or venv_packages, spec.venv_path)
 
 
-def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """Why a kept configuration's files alone would not bring it back (None: they would)."""
+def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any],
+                       venv_packages: Callable[[str], dict[str, str]] | None = None,
+                       legacy_venv: str | None = None) -> str | None:
+    """Why a kept configuration's files alone would not bring it back (None: they would).
+
+    Its packages come back with its unit file when the venv that unit runs from is still there
+    as it served (core/server_envs.py keeps it): ``venv_packages(path)`` reads a venv's packages
+    ({} when there is none). A stamp from before venvs by content names no venv: it ran from
+    ``legacy_venv`` (the venv_path setting)."""
     if last_good.get("packages") != current.get("packages"):
-        changes = package_changes(last_good.get("package_versions", {}), current.get("package_versions", {}))
-        return f"the venv's packages changed since it served{changes or ' (the package list)'}: " + ALONE
+        venv = last_good.get("venv") or legacy_venv
+        found = venv_packages(venv) if venv and venv_packages else None
+        if found is None or packages_digest(found) != last_good.get("packages"):
+            changes = package_changes(last_good.get("package_versions", {}), current.get("package_versions", {}))
+            where = ("" if found is None else f" and its venv {venv} is gone" if not found
+                     else f" and its venv {venv} no longer holds them")
+            return f"the venv's packages changed since it served{changes or ' (the package list)'}{where}: " + ALONE
     for key, what in (("model_revision", "the model revision"), ("draft_revision", "the draft model's revision")):
         if last_good.get(key) != current.get(key):
             return (f"{what} changed since it served ({str(last_good.get(key))[:12]} -> "
                     f"{str(current.get(key))[:12]}): " + ALONE)
     return None
+
+
+def venv_packages(path: str) -> dict[str, str]:
+    """A venv's installed packages, read on the current host now ({} when there is none)."""
+    return current_host.get_fact(VenvPackages, path=path) or {}
 
 
 def _say(host, line: str) -> None:
@@ -150,7 +174,8 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec, pl
         failures.append(Failure(STEP, f"{spec.unit_name} is not ready"))
     failure = failures[-1]
     last_good = read_host_json(host, last_good_stamp_path(spec))
-    why_not = why_not_rolled_back(spec, last_good, read_host_json(host, stamp_path(spec)))
+    why_not = why_not_rolled_back(spec, last_good, read_host_json(host, stamp_path(spec)),
+                                  lambda path: host.get_fact(VenvPackages, path=path) or {})
     if why_not:
         _say(host, f"readiness: not rolled back: {why_not}")
         return False
@@ -196,7 +221,7 @@ def rollback_source(spec: Spec) -> tuple[str | None, str]:
     for kept_dir in (last_good_dir(spec), previous_good_dir(spec)):
         kept = read_stamp(f"{kept_dir}/stamp.json")
         if kept and not same_files(kept, current):
-            why_not = not_by_files_alone(kept, current)
+            why_not = not_by_files_alone(kept, current, venv_packages, spec.venv_path)
             if why_not:
                 return None, f"the kept configuration in {kept_dir} cannot be put back: {why_not}"
             recorded = (current_host.get_fact(FileText, path=f"{kept_dir}/recorded_at") or "?").strip()

@@ -126,7 +126,7 @@ def server_args_accepted(spec: Spec, rendered: Rendered):
     if not reasons:
         host.noop("no restart planned: nothing to check")
         return
-    packages = host.get_fact(VenvPackages, path=spec.venv_path)
+    packages = host.get_fact(VenvPackages, path=spec.server_venv)
     if "sglang" not in packages:
         host.noop("sglang is not installed in the venv: its parser cannot check the command line")
         return

@@ -124,7 +124,7 @@ def restart_cut_off(unit: UnitState, pending: dict, stamp: dict) -> bool:
 
 def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
     """What the running server must have been started with, as of now."""
-    packages = host.get_fact(VenvPackages, path=spec.venv_path)
+    packages = host.get_fact(VenvPackages, path=spec.server_venv)
     model_dir = host.get_fact(ModelDirState, path=spec.model_dir)
     marker = model_dir.marker or {}
     wanted = {
@@ -132,6 +132,7 @@ def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
         "packages": packages_digest(packages),
         "package_versions": packages,
         "model_revision": marker.get("revision"),
+        "venv": spec.server_venv,  # the venv it runs from (a rollback needs it still there)
     }
     if spec.draft_dir is not None:  # only with a draft: the stamps of servers without one stay as they were
         wanted["draft_revision"] = (host.get_fact(ModelDirState, path=spec.draft_dir).marker or {}).get("revision")
@@ -160,6 +161,8 @@ def restart_reasons(spec: Spec, rendered: Rendered, unit_state: UnitState | None
     for key, what in (("unit", "unit file"), ("env", "environment file"), ("options", "options file")):
         if started_with.get(key) != wanted[key]:
             reasons.append(f"{what} changed")
+    if started_with.get("venv", wanted["venv"]) != wanted["venv"]:
+        reasons.append(f"venv {started_with['venv']} -> {wanted['venv']}")
     if started_with.get("packages") != wanted["packages"]:
         reasons.append("venv packages changed"
                        + package_changes(started_with.get("package_versions", {}), wanted["package_versions"]))

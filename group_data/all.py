@@ -18,7 +18,8 @@ download_backoff_s = 5.0  # first wait between those tries, doubling up to 60 s 
 download_read_timeout_s = 30  # seconds without a byte before a file's transfer counts as stalled
 
 # --- python environment
-venv_path = "/opt/sglang/venv"    # the server's venv (absolute path on the host)
+venv_path = "/opt/sglang/venv"    # names the server's venvs: each package set in <venv_path>-envs/<digest>
+keep_envs = 2             # venvs kept there after a good restart: the serving one and the newest other (rollback)
 venv_python = "/usr/bin/python3"  # interpreter that creates the venv
 packages = ["sglang==0.5.23"]     # pip requirements, each pinned (name==version)
 get_pip_url = "https://bootstrap.pypa.io/get-pip.py"  # when the venv has no pip and no ensurepip

@@ -50,6 +50,7 @@ from core.fingerprint import planned_launch, wait_args
 from core.gates import gates_pass
 from core.last_good import last_good_dir
 from core.ops import fail_command, plan, preparing, record_failure, report
+from core.server_envs import switch_marked
 from core.render import Rendered, render
 from core.runstate import run_state
 from core.server import (WAIT_SCRIPT, local_url, mark_restarted, restarted_this_run, server_args_accepted,
@@ -340,6 +341,7 @@ def group_restarted(spec: Spec, rendered: Rendered):
     # announced before, recorded after (core/stamps.py): a run cut off in between leaves the
     # announcement, and the next run restarts the group again or records what systemd finished
     yield from pending_written(spec, stamp, unit)
+    yield switch_marked(spec)  # the venv it switches to (core/server_envs.py: what pruning orders by)
     yield FunctionCommand(_group_restart, (spec,), {})
     yield from stamp_recorded(spec, stamp)
 

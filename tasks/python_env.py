@@ -14,15 +14,15 @@ from tasks.spec import Spec
 @deploy("Python environment")
 def python_env(spec: Spec) -> None:
     """The venv SGLang runs from, pip working in it, the pinned packages."""
-    venv(path=spec.venv_path, python=spec.venv_python, name=f"venv {spec.venv_path}")
+    venv(path=spec.server_venv, python=spec.venv_python, name=f"venv {spec.server_venv}")
     pip_bootstrapped(
-        path=spec.venv_path,
+        path=spec.server_venv,
         get_pip_url=spec.get_pip_url,
         pip_wheel=spec.pip_wheel,
         name="pip works in the venv",
     )
     if spec.packages:
-        packages(path=spec.venv_path, requirements=list(spec.packages), name="pinned packages")
+        packages(path=spec.server_venv, requirements=list(spec.packages), name="pinned packages")
     no_deps = list(getattr(spec, "packages_no_deps", []) or [])
     if no_deps:
-        packages(path=spec.venv_path, requirements=no_deps, no_deps=True, name="pinned packages (--no-deps)")
+        packages(path=spec.server_venv, requirements=no_deps, no_deps=True, name="pinned packages (--no-deps)")

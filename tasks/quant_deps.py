@@ -392,15 +392,15 @@ def _not_yet_installed(spec: Spec) -> str:
     wanted = [text for text in (*spec.packages, *spec.packages_no_deps)
               if (req := _requirement(text)) is not None and canonicalize_name(req.name) == LOADER]
     by = f"python_env installs {wanted[0]}" if wanted else f"the settings do not install {LOADER}"
-    return (f"quant deps: {LOADER} is not installed in {spec.venv_path} yet ({by}): what it requires of "
+    return (f"quant deps: {LOADER} is not installed in {spec.server_venv} yet ({by}): what it requires of "
             f"{PACKAGE} and the CompressionFormat members its code references are read when this step runs")
 
 
 def _hold_lines(spec: Spec) -> tuple[dict[str, str], list[str]]:
-    packages = host.get_fact(VenvPackages, path=spec.venv_path)
+    packages = host.get_fact(VenvPackages, path=spec.server_venv)
     hold = {name: packages[canonicalize_name(name)] for name in spec.compressed_tensors_hold
             if canonicalize_name(name) in packages}
-    lines = hold_constraints(hold, host.get_fact(ExactPins, path=spec.venv_path, packages=sorted(hold)),
+    lines = hold_constraints(hold, host.get_fact(ExactPins, path=spec.server_venv, packages=sorted(hold)),
                              list(spec.packages) + list(spec.packages_no_deps))
     return hold, lines
 
@@ -431,9 +431,9 @@ def compression_format_supported(spec: Spec):
     if not model_members:
         host.noop("the model does not use compressed-tensors")
         return
-    installed = host.get_fact(CompressionFormats, path=spec.venv_path)
-    refs = host.get_fact(CompressionFormatReferences, path=spec.venv_path, package=LOADER)
-    requirers = host.get_fact(CompressedTensorsRequirers, path=spec.venv_path)
+    installed = host.get_fact(CompressionFormats, path=spec.server_venv)
+    refs = host.get_fact(CompressionFormatReferences, path=spec.server_venv, package=LOADER)
+    requirers = host.get_fact(CompressedTensorsRequirers, path=spec.server_venv)
     need = assess(model_members, installed, refs, requirers)
     if need.loader is None:
         plan(_not_yet_installed(spec))
@@ -460,7 +460,7 @@ def compression_format_supported(spec: Spec):
          f"{', '.join(f'{k} {v}' for k, v in sorted(hold.items())) or 'nothing'} and their exact pins{tolerated}")
     yield FunctionCommand(
         _upgrade,
-        (spec.venv_path, upgrade.requirement, constraints_lines, list(spec.compressed_tensors_allow_conflicts),
+        (spec.server_venv, upgrade.requirement, constraints_lines, list(spec.compressed_tensors_allow_conflicts),
          need, upgrade.because),
         {},
     )

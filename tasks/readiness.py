@@ -22,6 +22,7 @@ from core.last_good import last_good_dir, last_good_stamp_path, last_good_writte
 from core.ops import plan, preparing
 from core.render import render
 from core.runstate import run_state
+from core.server_envs import old_envs_removed
 from core.server import local_url, restarted_this_run, wait_command
 from core.stamps import read_stamp, restart_reasons, stamp_path
 from facts.gpu import NvidiaGpus
@@ -137,6 +138,7 @@ def readiness(spec: Spec) -> None:
     """The server is ready, or the deploy fails with the reason."""
     server_ready(spec=spec, name=f"{spec.unit_name} ready")
     last_good_recorded(spec=spec, name="last good configuration kept")
+    old_envs_removed(spec=spec, name="old venvs removed")
 
 
 @deploy("Time to ready")

@@ -12,6 +12,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, deploy, ope
 
 from core.changes import changing
 from core.ops import plan, record_failure, report
+from core.server_envs import switch_marked
 from core.render import Rendered, render
 from core.server import mark_restarted, server_args_accepted, server_files
 from core.stamps import (
@@ -87,6 +88,7 @@ def server_restarted(spec: Spec, rendered: Rendered):
     # what the restart starts, and the invocation it replaces: a run cut off during the restart
     # (the restart goes on in systemd) leaves it for the next run, which then need not restart again
     yield from pending_written(spec, stamp, unit)
+    yield switch_marked(spec)  # the venv it switches to (core/server_envs.py: what pruning orders by)
     yield FunctionCommand(_restart, (spec.unit_name,), {})
     yield from stamp_recorded(spec, stamp)
 

@@ -4,6 +4,8 @@ line, the environment, the host-dependent attention backend)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -234,8 +236,42 @@ class Spec(_UnitFiles, HostSettings):
 
     @property
     def python_bin(self) -> str:
-        """The venv's interpreter, which runs the server."""
-        return f"{self.venv_path}/bin/python"
+        """The server's venv's interpreter, which runs the server."""
+        return f"{self.server_venv}/bin/python"
+
+    # -- the server's environment: one venv per package set, named by its digest
+
+    @property
+    def env_inputs(self) -> dict[str, Any]:
+        """What the server's venv is built from; the same inputs build the same venv. The
+        compressed-tensors decision (tasks/quant_deps.py) follows from the packages, the
+        hold/conflict settings and the model's declared format, so those are inputs too."""
+        quant = self.profile.quantization
+        return {
+            "python": self.venv_python,
+            "packages": sorted(self.packages),
+            "packages_no_deps": sorted(self.packages_no_deps),
+            "compressed_tensors_hold": sorted(self.compressed_tensors_hold),
+            "compressed_tensors_allow_conflicts": sorted(self.compressed_tensors_allow_conflicts),
+            "quantization": None if quant is None else quant.model_dump(mode="json"),
+        }
+
+    @property
+    def env_digest(self) -> str:
+        """12 hex digits of sha256 over ``env_inputs`` (canonical JSON)."""
+        text = json.dumps(self.env_inputs, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def envs_dir(self) -> str:
+        """Where the server's venvs live, one per package set: VENV_PATH-envs/<digest>."""
+        return f"{self.venv_path.rstrip('/')}-envs"
+
+    @property
+    def server_venv(self) -> str:
+        """The venv this configuration's server runs from (built and checked before the
+        restart switches the unit to it; the serving one is never changed)."""
+        return f"{self.envs_dir}/{self.env_digest}"
 
     @property
     def options_path(self) -> str:

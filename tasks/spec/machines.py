@@ -70,11 +70,6 @@ def pair_problems(a: Spec, b: Spec, machine: str) -> list[str]:
             lines.append(f"{field} = {path!r}: {b.host_name} wants {theirs[0]}@{theirs[1][:12]} there and "
                          f"{a.host_name} {mine[0]}@{mine[1][:12]} {where}: allowed: one revision per dir (the same "
                          "model, or a dir of its own)")
-    if a.venv_path.rstrip("/") == b.venv_path.rstrip("/") and \
-            (sorted(a.packages), sorted(a.packages_no_deps)) != (sorted(b.packages), sorted(b.packages_no_deps)):
-        lines.append(f"packages = {b.packages!r}: {b.host_name} and {a.host_name} (packages = {a.packages!r}) "
-                     f"install other packages into the same venv_path {b.venv_path!r} {where}: allowed: the same "
-                     "packages, or a venv_path of its own")
     return [f"{b.host_name}: {line}" for line in lines]
 
 

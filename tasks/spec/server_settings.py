@@ -122,9 +122,12 @@ class HostSettings(CommonSettings):
                                          "file's transfer counts as stalled, an integer 1..3600")
     venv_path: OwnDir = Field(
         "/opt/sglang/venv",
-        description="absolute path of the server's venv on the host, a directory of its own (at least two "
-        "levels below /, not directly under a system directory)",
+        description="absolute path on the host naming the server's venvs, a directory of its own (at least two "
+        "levels below /, not directly under a system directory): each package set is built into "
+        "<venv_path>-envs/<digest>",
     )
+    keep_envs: int = Field(2, ge=1, le=20, description="venvs kept in <venv_path>-envs after a good restart "
+                           "(the serving one and the newest others: rollback points), an integer 1..20")
     packages: PinnedRequirements = Field(
         default_factory=lambda: ["sglang==0.5.23"],
         description="pinned pip requirements: 'name==version' (or 'name @ URL')",

@@ -21,7 +21,7 @@ from core.dry_run import exit_nonzero_on_known_failures, known_failures, record_
 from core.ops import fail_command
 from facts.ports import PortHolder
 from tasks import model, preflight
-from tests.unit.test_step_operations import (EMPTY_DIR, HUB_FILES, disk, gpus, model_kwargs, preflight_facts,
+from tests.unit.test_step_operations import (at_server_venv, EMPTY_DIR, HUB_FILES, disk, gpus, model_kwargs, preflight_facts,
                                              sandbox_spec)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_fail_command_while_executing_records_nothing_known():
 def planned(op, facts, **kwargs):
     """(the FakeState, the host) once pyinfra-testing's fake host planned ``op`` (the Hub's sizes: HUB_FILES)."""
     state = FakeState()
-    host = create_host(state, facts=facts)
+    host = create_host(state, facts=at_server_venv(facts, kwargs["spec"]) if "spec" in kwargs else facts)
     host.name = "sgc1"  # (create_host names it after its last fact)
     with ctx_state.use(state), ctx_host.use(host), patch.object(disk_check, "hub_files", return_value=HUB_FILES):
         list(op._inner(**kwargs))

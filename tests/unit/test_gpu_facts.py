@@ -24,7 +24,7 @@ from facts.nvml import GpuApp, GpuMemory, GpuUsage, NvmlGpuUsage
 from sandbox import gpusim
 from tasks import gpu_balance
 from tests.unit.test_nvml_sim import nvml_dir, pynvml_python, state  # noqa: F401 - fixtures
-from tests.unit.test_step_operations import sandbox_spec, service_facts, stamp_for
+from tests.unit.test_step_operations import at_server_venv, sandbox_spec, service_facts, stamp_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SMI = ROOT / "sandbox" / "nvidia_smi.py"
@@ -171,10 +171,10 @@ def test_judge_per_process_memory_unknown_is_said_not_assumed():
 def balance_op(usage: GpuUsage, restart: bool = False, executing: bool = False, **settings):
     spec = sandbox_spec(**settings)
     host_facts = service_facts(spec, "" if restart else stamp_for(spec))
-    host_facts["nvml.NvmlGpuUsage"] = {f"python={PYTHON}": usage}
+    host_facts["nvml.NvmlGpuUsage"] = {f"python={spec.python_bin}": usage}
     fake = FakeState()
     fake.is_executing = executing  # pyinfra runs the body again while executing, after readiness
-    host = create_host(fake, facts=host_facts)
+    host = create_host(fake, facts=at_server_venv(host_facts, spec))
     with ctx_state.use(fake), ctx_host.use(host):
         commands = list(gpu_balance.gpu_memory_balanced._inner(spec=spec))
     return host, commands

@@ -28,9 +28,12 @@ CAUSE = "cause: RuntimeError: CUDA error: invalid device ordinal"  # the line re
 NOT_READY = ["waiting for sglang.service", "FAILED: sglang.service is failed after 1.4 s", CAUSE]
 
 
+KEPT_VENV = "/opt/sglang/venv-envs/0123456789ab"  # the venv the stamps' configuration ran from: gone (no packages)
+
+
 def stamp(unit="u1", packages="p1", revision="r1", versions=None) -> dict:
     return {"unit": unit, "env": "e1", "options": "o1", "packages": packages, "model_revision": revision,
-            "package_versions": versions or {"sglang": "0.5.23"}}
+            "package_versions": versions or {"sglang": "0.5.23"}, "venv": KEPT_VENV}
 
 
 # --- keeping the last good configuration -----------------------------------------
@@ -136,7 +139,7 @@ def rollback_host(spec, kept: dict | None, current: dict, waits=(False, True), r
             return restore_ok, [], ([] if restore_ok else ["cp: cannot stat 'x': No such file or directory"])
         raise AssertionError(f"unexpected command {command!r}")
 
-    return ShellHost(script)
+    return ShellHost(script, {"VenvPackages": {}})  # the kept venv is gone
 
 
 def roll(spec, host, restarted=True):
@@ -241,6 +244,7 @@ def on_demand_facts(spec, current: dict, last: dict | None, previous: dict | Non
     for kept_dir, kept in ((last_good.last_good_dir(spec), last), (last_good.previous_good_dir(spec), previous)):
         facts["files.FileText"][f"path={kept_dir}/stamp.json"] = json.dumps(kept) if kept else None
         facts["files.FileText"][f"path={kept_dir}/recorded_at"] = "2026-11-30T10:00:00Z\n" if kept else None
+    facts["venv.VenvPackages"][f"path={KEPT_VENV}"] = {}
     return facts
 
 

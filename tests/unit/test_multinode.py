@@ -24,6 +24,7 @@ from pyinfra_testing.util import create_host
 
 from facts.model_dir import ModelDir
 from facts.systemd import UnitState
+from tests.unit.test_step_operations import at_server_venv
 from tasks import multinode as M
 from core.render import packages_digest, render
 from core import stamps
@@ -399,14 +400,16 @@ def rank_facts(spec, stamp: str | None, sub_state="running", restarts=0, health=
 
 def stamp(spec) -> str:
     return json.dumps({**render(spec).digests(), "packages": packages_digest({"sglang": "0.5.23"}),
-                       "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION})
+                       "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION,
+                       "venv": spec.server_venv})
 
 
 def run_ops(op, facts_by_rank, make_kwargs):
     """Run ``op`` for both ranks at once (executing, as pyinfra does): [(host, commands)]."""
     state = TestingState()
     state.is_executing = True
-    hosts = [create_host(state, name=name, facts=facts) for name, facts in zip(NAMES, facts_by_rank, strict=True)]
+    hosts = [create_host(state, name=name, facts=at_server_venv(facts, group_spec(name)))
+             for name, facts in zip(NAMES, facts_by_rank, strict=True)]
     inventory = SimpleNamespace(get_host=lambda name, default=None: {h.name: h for h in hosts}.get(name, default))
     for name, h in zip(NAMES, hosts, strict=True):
         h.name = name  # create_host() reuses its `name` argument as a loop variable
@@ -453,7 +456,7 @@ def test_a_rank_that_crashed_since_it_was_started_restarts_the_group():
     specs = [group_spec(n) for n in NAMES]
     facts = [rank_facts(specs[0], stamp(specs[0])), rank_facts(specs[1], stamp(specs[1]), restarts=2)]
     state = TestingState()
-    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts[1])):
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=at_server_venv(facts[1], specs[1]))):
         reasons = M.rank_restart_reasons(specs[1], render(specs[1]))
     assert reasons == ["sglang.service crashed since it was started (systemd restarted it 2 time(s), now running)"]
     results = run_ops(M.group_restarted, facts, restart_kwargs)

@@ -25,6 +25,7 @@ from facts.gpu import Gpu, P2PMatrix
 from facts.interpreter import Interpreter
 from facts.model_dir import ModelDir
 from facts.venv import Venv
+from tests.unit.test_step_operations import at_server_venv
 from tasks import preflight
 from tasks.spec import build_spec
 
@@ -74,7 +75,7 @@ def facts(gpus, python=DEBIAN12_PYTHON, venv=NO_VENV, config=KIMI_CONFIG,
 def run(spec, host_facts, hub=KIMI_HUB):
     """The preflight report and the preflight operation's commands on a fake host; the Hub not asked."""
     state = FakeState()
-    host = create_host(state, facts=host_facts)
+    host = create_host(state, facts=at_server_venv(host_facts, spec))
     hub_files = patch.object(disk_check, "hub_files", side_effect=OSError("offline") if hub is None else None,
                              return_value=hub)
     hub_config = patch.object(memory_fit, "hub_config", side_effect=OSError("offline"))  # config.json: the host's
@@ -215,9 +216,10 @@ def test_python_ok_names_what_was_checked():
 
 def test_an_existing_venv_is_judged_by_its_own_python():
     venv = Venv(exists=True, python_version="3.10.4", pip_version="24.0", has_ensurepip=True)
-    report, _commands, _host = run(ct200_spec(), facts(ct200_gpus(), venv=venv))
+    spec = ct200_spec()
+    report, _commands, _host = run(spec, facts(ct200_gpus(), venv=venv))
     problem = only(report.problems, "requires Python")
-    assert problem.startswith("the venv's python /opt/sglang/venv/bin/python is Python 3.10.4")
+    assert problem.startswith(f"the venv's python {spec.python_bin} is Python 3.10.4")
     assert "(or remove the venv so that it is made again)" in problem
 
 

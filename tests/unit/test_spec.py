@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+
 import ast
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -92,7 +94,8 @@ def test_ct200_builds(ct200_data):
     assert spec.unit_path == "/etc/systemd/system/sglang.service"
     assert spec.options_path == "/etc/sglang/sglang.yaml"
     assert spec.env_path == "/etc/sglang/sglang.env"
-    assert spec.python_bin == "/opt/sglang/venv/bin/python"
+    # the venv of this package set: venv_path-envs/<12 hex digits of its inputs' digest>
+    assert re.fullmatch(r"/opt/sglang/venv-envs/[0-9a-f]{12}/bin/python", spec.python_bin), spec.python_bin
     assert spec.compressed_tensors_hold == ["torch", "sglang", "flashinfer-python"]
     assert not spec.resolved
 
@@ -100,7 +103,7 @@ def test_ct200_builds(ct200_data):
 def test_ct200_argv(ct200_data):
     spec = S.build_spec("ct200", ct200_data, environ=ENV)
     argv = spec.server_argv
-    assert argv[:3] == ["/opt/sglang/venv/bin/python", "/usr/local/lib/sglang-converge/server_launch.py",
+    assert argv[:3] == [spec.python_bin, "/usr/local/lib/sglang-converge/server_launch.py",
                         "sglang.launch_server"]
     joined = " ".join(argv)
     for part in (
@@ -157,7 +160,7 @@ def test_sandbox_builds(sandbox_data):
     assert "--config" not in spec.server_argv
     assert "--attention-backend" not in spec.server_argv  # unresolved auto: SGLang chooses
     resolved = spec.resolve("12.0", True)
-    assert resolved.server_argv[:3] == ["/opt/sglang/venv/bin/python", "/usr/local/lib/sglang-converge/server_launch.py",
+    assert resolved.server_argv[:3] == [spec.python_bin, "/usr/local/lib/sglang-converge/server_launch.py",
                                         "sglang_standin"]
     assert "--attention-backend triton" in " ".join(resolved.server_argv)
 

@@ -50,7 +50,6 @@ def test_two_servers_of_one_machine_on_disjoint_gpus_ports_and_units_pass_and_kn
                                         "it on the same machine (10.77.240.2:22): allowed: a unit_name of its own"),
     ({"model": "sandbox-tiny-nvfp4", "model_dir": "/srv/models/tiny/"},
      "sgc240-b: model_dir = '/srv/models/tiny': sgc240-b wants sandbox/tiny-kimi-nvfp4@"),
-    ({"packages": ["torch==2.13.0"]}, "install other packages into the same venv_path '/opt/sglang/venv'"),
 ])
 def test_an_overlap_on_one_machine_is_refused_naming_both_hosts_the_field_and_the_values(tmp_path, change, expected):
     lines = refused(tmp_path, {**B, **change})

@@ -38,7 +38,7 @@ from tests.unit.test_fetch_model import fetch as run_fetch_model
 from tests.unit.test_fetch_model_step import COMPLETE, GONE, RUNNING, ScriptedHost
 from tests.unit.test_sglang_standin import (READY, SGLANG_VENV_PY, Bed, assert_failed_like_sglang, free_port, http,
                                             venv_python)
-from tests.unit.test_step_operations import HUB_FILES, REVISION, failure, gpus, run, sandbox_spec
+from tests.unit.test_step_operations import at_server_venv, HUB_FILES, REVISION, failure, gpus, run, sandbox_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFT_REPO = "sandbox/tiny-kimi-eagle3"
@@ -406,7 +406,7 @@ def stamp_facts(spec, stamp: dict, draft_revision: str | None):
 
 def reasons_with(spec, stamp: dict, draft_revision: str | None) -> list[str]:
     state = FakeState()
-    with ctx_state.use(state), ctx_host.use(create_host(state, facts=stamp_facts(spec, stamp, draft_revision))):
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=at_server_venv(stamp_facts(spec, stamp, draft_revision), spec))):
         return restart_reasons(spec, render(spec))
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import runpy
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,11 +47,22 @@ def gpus(count=8, used=0):
     return [Gpu(i, f"GPU-{i}", "NVIDIA RTX PRO 6000", 97887, used, "12.0", "580.95.05", f"0:{i}") for i in range(count)]
 
 
+SERVER_VENV = "/opt/sglang/venv"  # how the tests' facts name the server's venv: run() points them at spec.server_venv
+
+
+def at_server_venv(facts: dict, spec) -> dict:
+    """``facts`` with every fact argument naming SERVER_VENV (or a path in it) naming ``spec.server_venv``."""
+    pattern = re.compile(rf"{re.escape(SERVER_VENV)}(?=/|,|$)")
+    return {fact: {pattern.sub(spec.server_venv, key): value for key, value in by_args.items()}
+            if isinstance(by_args, dict) else by_args for fact, by_args in facts.items()}
+
+
 def run(op, facts, _hub=None, **kwargs):
-    """The op's commands with these facts; the Hub's file sizes from ``_hub(repo, revision, endpoint, token)``
-    (default: HUB_FILES for every repo)."""
+    """The op's commands with these facts (the server's venv named SERVER_VENV: ``at_server_venv``); the
+    Hub's file sizes from ``_hub(repo, revision, endpoint, token)`` (default: HUB_FILES for every repo)."""
     state = FakeState()
-    host = create_host(state, facts=facts)
+    spec = kwargs.get("spec")
+    host = create_host(state, facts=at_server_venv(facts, spec) if spec is not None else facts)
     hub = {"side_effect": _hub} if _hub else {"return_value": HUB_FILES}
     with ctx_state.use(state), ctx_host.use(host), patch.object(disk_check, "hub_files", **hub):
         commands = list(op._inner(**kwargs))
@@ -290,7 +302,7 @@ def test_before_sglang_is_installed_the_model_alone_decides_and_the_plan_says_so
     host, commands = run(quant_deps.compression_format_supported, facts, spec=sandbox_spec())
     assert commands == [] and host.noop_description == "compressed-tensors 0.8.1 meets the model's pack_quantized"
     assert plans(caplog) == [
-        "quant deps: sglang is not installed in /opt/sglang/venv yet (python_env installs sglang==0.5.23): what it "
+        f"quant deps: sglang is not installed in {sandbox_spec().server_venv} yet (python_env installs sglang==0.5.23): what it "
         "requires of compressed-tensors and the CompressionFormat members its code references are read when this "
         "step runs"]
     # an nvfp4 model needs 0.10.0 on its own
@@ -340,7 +352,8 @@ def upgrade_command():
     return upgrade
 
 
-LOCK = "/opt/sglang/venv/.sgc-pip.lock"
+VENV_AT = sandbox_spec().server_venv  # the sandbox's server venv (its package set's own)
+LOCK = f"{VENV_AT}/.sgc-pip.lock"
 
 
 def test_the_compressed_tensors_upgrade_runs_under_the_venvs_pip_lock():
@@ -354,12 +367,12 @@ def test_the_compressed_tensors_upgrade_runs_under_the_venvs_pip_lock():
     assert installs[0].startswith(f"flock -w {venv_ops.PIP_LOCK_WAIT_S} -E {venv_ops.PIP_LOCK_TIMEOUT_RC} {LOCK} sh -c ")
     held = quant_deps.constraints_path("".join(line + "\n" for line in upgrade.args[2]))
     assert held.startswith(f"{CACHE_DIR}/hold-constraints-")  # named by the hold list: siblings never mix theirs
-    assert installs[0] == venv_ops.locked("/opt/sglang/venv", (
-        "/opt/sglang/venv/bin/python -m pip --disable-pip-version-check install --upgrade "
+    assert installs[0] == venv_ops.locked(VENV_AT, (
+        f"{VENV_AT}/bin/python -m pip --disable-pip-version-check install --upgrade "
         f"-c {held} compressed-tensors==0.18.0 2>&1"))
     # the lock is looked at first, and a held one is said: the upgrade waits for the other pip
     assert host.commands.index(f"flock -n {LOCK} true") < host.commands.index(installs[0])
-    assert any(line.startswith("quant deps: another pip is changing /opt/sglang/venv") for line in host.logs)
+    assert any(line.startswith(f"quant deps: another pip is changing {VENV_AT}") for line in host.logs)
     # pip check only reads the venv: not under the lock
     assert [c for c in host.commands if c.endswith(" check 2>&1")] and not any(
         c.startswith("flock -w") for c in host.commands if c.endswith(" check 2>&1"))
@@ -367,7 +380,7 @@ def test_the_compressed_tensors_upgrade_runs_under_the_venvs_pip_lock():
 
 def test_a_pip_lock_that_stays_held_fails_the_upgrade_naming_the_lock():
     upgrade = upgrade_command()
-    timed_out = f"timed out after 1800 s waiting for {LOCK}: another pip has been changing /opt/sglang/venv all that time"
+    timed_out = f"timed out after 1800 s waiting for {LOCK}: another pip has been changing {VENV_AT} all that time"
 
     def script(command):
         if command.startswith("flock -w"):
@@ -400,7 +413,8 @@ def stamp_for(spec):
 
     rendered = render(spec)
     return json.dumps({**rendered.digests(), "packages": packages_digest({"sglang": "0.5.23"}),
-                       "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION})
+                       "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION,
+                       "venv": spec.server_venv})
 
 
 def test_a_server_running_what_it_should_is_not_restarted():
@@ -417,7 +431,7 @@ def test_a_changed_environment_restarts_and_says_why():
     _host, commands = run(service.server_restarted, facts, spec=changed, rendered=render(changed))
     assert [c.function.__name__ for c in commands if isinstance(c, FunctionCommand)] == ["_restart"]
     state = FakeState()
-    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)):
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=at_server_venv(facts, changed))):
         assert restart_reasons(changed, render(changed)) == ["environment file changed"]
 
 

@@ -1,0 +1,93 @@
+"""The server's venvs by content: one per package set, ``<venv_path>-envs/<digest>``
+(tasks/spec/built.py: ``Spec.server_venv``, ``env_inputs``).
+
+A new package set is built into a venv of its own while the server keeps
+running from its venv; the restart switches the unit to it (the unit's
+ExecStart names it), and a rollback switches back (core/last_good.py). After a
+good restart the older venvs beyond ``keep_envs`` are removed:
+
+    yield switch_marked(spec)                       # right before the restart
+    old_envs_removed(spec=spec)                     # after readiness passed
+
+What is kept: the serving venv, then the ones switched to most recently, up
+to ``keep_envs`` in all; never one a unit file of the host runs from (another
+server sharing the dir), and never one no restart has switched to yet (a
+staged venv waits for its switch).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from core.changes import changing
+from core.ops import plan
+from facts.server_envs import SWITCHED, EnvsDir, ServerEnvs
+
+if TYPE_CHECKING:
+    from tasks.spec import Spec
+
+
+def switch_marked(spec: Spec) -> StringCommand:
+    """Before a restart onto ``spec.server_venv``: its switch time (what pruning orders by)."""
+    marker = f"{spec.server_venv}/{SWITCHED}"
+    return changing(StringCommand("touch", QuoteString(marker)), marker)
+
+
+def envs_to_remove(envs: EnvsDir, serving: str, keep: int) -> list[str]:
+    """The venvs to remove: beyond ``keep`` (the serving one first, then by last switch,
+    newest first), never a referenced or never-switched one.
+
+    >>> from facts.server_envs import ServerEnv
+    >>> found = EnvsDir((ServerEnv("/e/a", 10, 1), ServerEnv("/e/b", 30, 1), ServerEnv("/e/c", 20, 1),
+    ...                  ServerEnv("/e/d", None, 1), ServerEnv("/e/old", 5, 1)), frozenset({"/e/old"}))
+    >>> envs_to_remove(found, "/e/c", 2)
+    ['/e/a']
+    """
+    switched = sorted((env for env in envs.envs if env.switched is not None and env.path != serving),
+                      key=lambda env: env.switched or 0, reverse=True)
+    kept = 1  # the serving one
+    remove = []
+    for env in switched:
+        if env.path in envs.referenced:
+            continue
+        if kept < keep:
+            kept += 1
+        else:
+            remove.append(env.path)
+    return remove
+
+
+def _gb(size_kb: int | None) -> str:
+    return "?" if size_kb is None else f"{size_kb * 1024 / 10**9:.1f}"
+
+
+@operation()
+def old_envs_removed(spec: Spec):
+    """
+    Remove the server's venvs beyond ``keep_envs`` (after a good restart: the serving one
+    and the newest rollback points stay).
+
+    .. code:: python
+
+        old_envs_removed(spec=spec)
+    """
+    found = host.get_fact(ServerEnvs, root=spec.envs_dir)
+    remove = envs_to_remove(found, spec.server_venv, spec.keep_envs)
+    for path in found.half_removed:
+        plan(f"finish removing {path} (a removal cut off)")
+        yield changing(StringCommand("rm -rf", QuoteString(path)), path)
+    if not remove:
+        if found.half_removed:
+            return
+        host.noop(f"{len(found.envs)} venv(s) in {spec.envs_dir}, keep_envs = {spec.keep_envs}: none to remove")
+        return
+    sizes = {env.path: env.size_kb for env in found.envs}
+    plan(f"remove {len(remove)} old venv(s) beyond keep_envs = {spec.keep_envs}: "
+         + ", ".join(f"{path} ({_gb(sizes.get(path))} GB)" for path in remove))
+    for path in remove:
+        # renamed first: a venv half removed is never one a unit could be switched back to
+        yield changing(StringCommand("sh -c", QuoteString('mv "$1" "$1.removing" && rm -rf "$1.removing"'), "-",
+                                     QuoteString(path)), path, path + ".removing")
