@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
+from packaging.version import Version
 from pydantic import SecretStr, StrictBool, StrictStr, model_validator
 
 from core.paths import CONFIG_DIR, GB, MODELS_ROOT, REMOTE_DIR, SYSTEMD_DIR
@@ -22,6 +23,7 @@ from tasks.spec.tables import (
     AUTO_BACKEND,
     AUTO_BACKEND_FALLBACK,
     BACKEND_SUPPORT,
+    COMPRESSED_TENSORS_FORMATS,
     MHA_ONLY_BACKENDS,
     MLA_ONLY_BACKENDS,
     NVIDIA_BACKENDS,
@@ -245,15 +247,19 @@ class Spec(_UnitFiles, HostSettings):
     def env_inputs(self) -> dict[str, Any]:
         """What the server's venv is built from; the same inputs build the same venv. The
         compressed-tensors decision (tasks/quant_deps.py) follows from the packages, the
-        hold/conflict settings and the model's declared format, so those are inputs too."""
+        hold/conflict settings and the first release the model's declared format needs, so
+        those are inputs too (models whose formats need no newer release share a venv)."""
         quant = self.profile.quantization
+        first = min(COMPRESSED_TENSORS_FORMATS.values(), key=Version)  # every release has its members
+        floor = COMPRESSED_TENSORS_FORMATS.get(quant.format or "", first) if quant is not None and \
+            quant.quant_method == "compressed-tensors" else first
         return {
             "python": self.venv_python,
             "packages": sorted(self.packages),
             "packages_no_deps": sorted(self.packages_no_deps),
             "compressed_tensors_hold": sorted(self.compressed_tensors_hold),
             "compressed_tensors_allow_conflicts": sorted(self.compressed_tensors_allow_conflicts),
-            "quantization": None if quant is None else quant.model_dump(mode="json"),
+            "compressed_tensors_floor": floor,
         }
 
     @property

@@ -135,6 +135,20 @@ def shared_real_host(request, timings: dict[str, float], env: dict | None = None
     return host
 
 
+def server_venv(host, unit: str = "sglang.service") -> str:
+    """The venv the server's unit file runs (``ExecStart=<venv>/bin/python ...``: Spec.server_venv)."""
+    found = re.findall(r"^ExecStart=(/\S+)/bin/python ", host.run(f"cat /etc/systemd/system/{unit}").stdout, re.M)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def sandbox_server_venv(**settings) -> str:
+    """The venv group_data/sandbox.py's package set is built into (Spec.server_venv), with ``settings``."""
+    from tests.unit.test_step_operations import sandbox_spec
+
+    return sandbox_spec(**settings).server_venv
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2):
     """predicate()'s first truthy value; AssertionError naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout

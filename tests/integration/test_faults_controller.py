@@ -34,13 +34,13 @@ import uuid
 import pytest
 
 from tests.integration.fleet_helpers import sandbox_group_value
-from tests.integration.helpers import (BackgroundDeploy, boot_extra_host, grand_total, pyinfra, remove_host,
+from tests.integration.helpers import (sandbox_server_venv, BackgroundDeploy, boot_extra_host, grand_total, pyinfra, remove_host,
                                        wait_until)
 
 pytestmark = pytest.mark.sandbox
 
 INDEX = 260  # this module's hosts: 260-264 (test_faults_fleet.py: 265-269)
-VENV = "/opt/sglang/venv"
+VENV = sandbox_server_venv()  # the venv of the sandbox's package set (Spec.server_venv)
 PIP = f"{VENV}/bin/python -m pip"
 UNIT = "sglang.service"
 URL = "http://127.0.0.1:30000"
@@ -243,7 +243,7 @@ def test_controller_killed_during_the_pinned_install(host, settings):
     assert guest_pips(host, "install"), "the orphaned pip still runs on the host"
     assert host.run(f"test -e /etc/systemd/system/{UNIT}", check=False).returncode != 0  # not that far
     again = converges_then_is_a_no_op(host, "(a) killed", settings)
-    assert "another pip is changing /opt/sglang/venv" in again.out, again.out[-6000:]
+    assert f"another pip is changing {VENV}" in again.out, again.out[-6000:]
 
 
 def test_ssh_dropped_during_the_pinned_install(host, settings):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.sandbox
 INDEXES = [265, 266, 267]  # this module's hosts (test_faults_controller.py: 260-264)
 DOWN, OTHERS = "sgc265", ["sgc266", "sgc267"]
 FLEET = {"SGC_FLEET_INDEXES": "265-267", "SGC_FLEET_ROUTER": ""}
-VENV = "/opt/sglang/venv"
+VENVS = "/opt/sglang/venv-envs"  # the server's venvs, one per package set
 UNIT_FILE = "/etc/systemd/system/sglang.service"
 TIMINGS: dict[str, float] = {}
 
@@ -69,7 +69,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 def touched(host) -> bool:
     """The deploy changed the host: the venv or the unit file is there."""
-    return host.run(f"test -e {VENV} -o -e {UNIT_FILE}", check=False).returncode == 0
+    return host.run(f"test -e {VENVS} -o -e {UNIT_FILE}", check=False).returncode == 0
 
 
 def unit(host) -> dict[str, str]:
@@ -138,7 +138,7 @@ def test_the_host_back_converges_then_nothing_changes(hosts, unreachable):
     source, target = hosts[OTHERS[0]], unreachable
     started = time.monotonic()
     subprocess.run(["mkdir", "-p", f"{target.root}/opt/sglang"], check=True)
-    subprocess.run(["cp", "-a", f"{source.root}{VENV}", f"{target.root}/opt/sglang/"], check=True)
+    subprocess.run(["cp", "-a", f"{source.root}{VENVS}", f"{target.root}/opt/sglang/"], check=True)
     TIMINGS["venv copied"] = time.monotonic() - started
     init = sandbox_api.guest_init_pid(target)
     assert init, "no guest init to nsenter"

@@ -394,7 +394,7 @@ def test_a_wrong_token_fails_clearly_and_is_never_written_down(bed):
     plant = f"sgc-plant-{secrets.token_hex(12)}"
     drop(bed, bed.shard)
     # positive controls: the same searches find a planted string in a file and in a process
-    planted = ["/etc/sgc-faults-plant", "/opt/sglang/venv/sgc-faults-plant", "/var/tmp/sgc-faults/plant"]
+    planted = ["/etc/sgc-faults-plant", "/opt/sglang/venv-envs/sgc-faults-plant", "/var/tmp/sgc-faults/plant"]
     bed.host.run(f"install -d /var/tmp/sgc-faults && for f in {' '.join(planted)}; do printf '%s\\n' {plant} > $f; "
                  "done")
     planter = bed.host.run(f"SGC_PLANT={plant} setsid python3 -c 'import time; time.sleep(600)' {plant} "

@@ -16,12 +16,12 @@ import shlex
 import pytest
 
 from sandbox import stale
-from tests.integration.helpers import grand_total, shared_converged_host
+from tests.integration.helpers import sandbox_server_venv, grand_total, shared_converged_host
 from tests.integration.helpers import timed as timed_run
 
 pytestmark = pytest.mark.sandbox
 
-PYTHON = "/opt/sglang/venv/bin/python"
+PYTHON = f"{sandbox_server_venv()}/bin/python"
 MIB = 1024 * 1024
 TIMINGS: dict[str, float] = {}
 
@@ -91,7 +91,7 @@ def test_pynvml_in_the_venv_sees_what_nvidia_smi_sees(host):
     stale_pid = stale.start_stale(host, gpu=5, gib=1, name="probe-holder")
     try:
         nvml = pynvml_view(host)
-        assert nvml["pynvml"].startswith("/opt/sglang/venv/")  # the venv's own nvidia-ml-py
+        assert nvml["pynvml"].startswith(PYTHON.removesuffix("bin/python"))  # the venv's own nvidia-ml-py
         smi = smi_view(host)
         assert nvml["gpus"] == smi["gpus"]
         assert [stale_pid, 1024 * MIB] in nvml["gpus"][5]["procs"] and len(nvml["gpus"]) == 8

@@ -2,17 +2,19 @@
 prepared by `python -m sandbox up --scenario ct200-incident`:
 
 run 1 stops at the disk check before touching anything; after the disk is
-grown, run 2 converges (pip bootstrapped offline, model downloaded and
-verified, compressed-tensors upgraded to what the installed SGLang requires -
-the model is Kimi K2.6's INT4 pack-quantized, a format 0.8.1 has, but SGLang
-0.5.23 pins 0.18.0 and references nvfp4_pack_quantized - past the allowed
-vllm-like pin, the other service stopped, server ready); run 3 changes nothing
-and restarts nothing; a
+grown, run 2 converges: the server's venv of its package set is built beside
+the incident's uv venv, which is left as it was (sglang 0.5.23 beside
+compressed-tensors 0.8.1 and the vllm-like pin, no pip); pip bootstrapped
+offline in the new venv (no ensurepip); model downloaded and verified;
+compressed-tensors installed at what the installed SGLang requires - SGLang
+0.5.23 pins 0.18.0 and references nvfp4_pack_quantized; the other service
+stopped, server ready. Run 3 changes nothing and restarts nothing; a
 typo in an extra server arg stops at SGLang's parser with the server still up;
 an API key reaches the server only through the root-only options file.
 """
 
 import json
+import re
 import time
 
 import pytest
@@ -38,9 +40,19 @@ def incident():
         print("\nacceptance story timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
 
 
-def installed(host, *packages: str) -> list[str]:
+LEGACY = "/opt/sglang/venv"  # the incident's uv venv (venv_path): left as it is
+ENV = re.compile(r"/opt/sglang/venv-envs/[0-9a-f]{12}")  # the server's venv of its package set
+
+
+def installed(host, *packages: str, venv: str = LEGACY) -> list[str]:
     code = "import importlib.metadata as m, sys; print(*(m.version(p) for p in sys.argv[1:]))"
-    return host.run(f"/opt/sglang/venv/bin/python -c '{code}' {' '.join(packages)}").stdout.split()
+    return host.run(f"{venv}/bin/python -c '{code}' {' '.join(packages)}").stdout.split()
+
+
+def server_venv(host) -> str:
+    found = ENV.findall(host.run("grep ^ExecStart= /etc/systemd/system/sglang.service").stdout)
+    assert len(found) == 1, found
+    return found[0]
 
 
 def timed(name, *args, **kwargs):
@@ -68,17 +80,17 @@ def test_dry_run_plans_the_whole_fix_and_changes_nothing(incident):
     sandbox_api.grow_disk(incident, scenario.MODEL_DISK, scenario.GROWN_DISK_MIB)
     proc = pyinfra("deploy.py", "--dry", "--diff", limit=incident.name)
     out = proc.out
-    assert "plan: bootstrap pip in /opt/sglang/venv from the uploaded pip-" in out, out
+    venv = ENV.search(out)
+    assert venv, out
+    venv = venv.group(0)
+    assert f"plan: create venv {venv} with /usr/bin/python3" in out, out
+    assert f"plan: bootstrap pip in the new venv {venv} (ensurepip, else the uploaded pip wheel)" in out, out
     assert "plan: download sandbox/tiny-kimi-int4@0123456789ab into /srv/models/tiny: 0.040 GB" in out
-    # the model's own format (pack-quantized) is in 0.8.1: the upgrade is SGLang's demand, and the plan says so
-    assert "plan: quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0; installed 0.8.1" in out
-    assert ("plan: quant deps: sglang 0.5.23 references CompressionFormat.nvfp4_pack_quantized (compressed-tensors"
-            " >= 0.10.0); installed 0.8.1 lacks it (sglang/srt/layers/quantization/compressed_tensors/utils.py)") in out
-    assert "plan: install compressed-tensors==0.18.0 (sglang 0.5.23 requires compressed-tensors==0.18.0)" in out
-    assert "will conflict, allowed: vllm-stub 0.6.5 requires compressed-tensors==0.8.1" in out
-    assert "the model's config.json names" not in out
+    # the new venv holds no sglang yet: what it requires is read when the step runs, and the plan says so
+    assert (f"plan: quant deps: sglang is not installed in {venv} yet (python_env installs sglang==0.5.23): what it "
+            "requires of compressed-tensors") in out
     assert "(python3 of embedder.service) holds 56320 MiB on GPU 0 -> systemctl stop embedder.service" in out
-    assert ("+ExecStart=/opt/sglang/venv/bin/python /usr/local/lib/sglang-converge/server_launch.py sglang_standin "
+    assert (f"+ExecStart={venv}/bin/python /usr/local/lib/sglang-converge/server_launch.py sglang_standin "
             "--model-path /srv/models/tiny") in out
     assert "plan: start sglang.service" in out
     assert incident.run("ls -A /srv/models").stdout.strip() == ""
@@ -90,24 +102,27 @@ def test_run2_converges_the_incident_host(incident):
     out = proc.out
     assert proc.returncode == 0, out
     assert "model: verified 10 files" in out
-    assert "quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0; installed 0.8.1" in out
+    assert "quant deps: sglang 0.5.23 requires compressed-tensors==0.18.0; installed none" in out
     assert "quant deps: pip install compressed-tensors==0.18.0 because sglang 0.5.23 requires" in out
-    assert "quant deps: WARNING: vllm-stub 0.6.5 has requirement compressed-tensors==0.8.1" in out
     assert "quant deps: compressed-tensors is now 0.18.0: it satisfies compressed-tensors==0.18.0" in out
     assert "stale GPU processes: systemctl stop embedder.service" in out
     assert "ready: sglang.service serves tiny at http://127.0.0.1:30000" in out
-    # pip bootstrapped the offline way, in the uv-made venv
-    assert incident.run("/opt/sglang/venv/bin/python -m pip --version").stdout.startswith("pip ")
-    assert "uv =" in incident.run("cat /opt/sglang/venv/pyvenv.cfg").stdout
+    # pip bootstrapped the offline way, in the server's new venv (made without pip, like uv makes them)
+    venv = server_venv(incident)
+    assert incident.run(f"{venv}/bin/python -m pip --version").stdout.startswith("pip ")
     members = incident.run(
-        "/opt/sglang/venv/bin/python -c 'from compressed_tensors.config import CompressionFormat as F;"
+        f"{venv}/bin/python -c 'from compressed_tensors.config import CompressionFormat as F;"
         " print(F.nvfp4_pack_quantized.value)'"
     ).stdout
     assert members.strip() == "nvfp4-pack-quantized"
-    assert installed(incident, "compressed-tensors", "sglang") == ["0.18.0", "0.5.23"]
+    assert installed(incident, "compressed-tensors", "sglang", venv=venv) == ["0.18.0", "0.5.23"]
+    # the incident's uv venv is as the scenario left it: no pip, compressed-tensors 0.8.1
+    assert "uv =" in incident.run(f"cat {LEGACY}/pyvenv.cfg").stdout
+    assert incident.run(f"{LEGACY}/bin/python -m pip --version", check=False).returncode != 0
+    assert installed(incident, "compressed-tensors", "sglang") == ["0.8.1", "0.5.23"]
     config = json.loads(incident.run("cat /srv/models/tiny/config.json").stdout)["quantization_config"]
     assert (config["format"], config["config_groups"]["group_0"]["weights"]["group_size"]) == ("pack-quantized", 32)
-    assert incident.run("/opt/sglang/venv/bin/python -c 'import torch; print(torch.__version__)'").stdout.strip() == "2.13.0+cpu"
+    assert incident.run(f"{venv}/bin/python -c 'import torch; print(torch.__version__)'").stdout.strip() == "2.13.0+cpu"
     marker = json.loads(incident.run("cat /srv/models/tiny/.sglang-converge.json").stdout)
     assert marker["revision"] == "0123456789abcdef0123456789abcdef01234567"
     assert incident.run("find /srv/models -name '*.incomplete'").stdout.strip() == ""

@@ -23,14 +23,18 @@ import time
 import pytest
 
 from sandbox import hosts as sandbox_api
-from tests.integration.helpers import ROOT, grand_total, unit_props
+from tests.integration.helpers import ROOT, grand_total, server_venv, unit_props
 
 pytestmark = pytest.mark.sandbox
 
 INDEXES = [20, 21]
 INVENTORY = "inventory/sandbox_tp_group.py"
 GROUP = "sandbox-tp16"
-SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
+
+
+def site(host) -> str:
+    """site-packages of the venv the host's server runs from."""
+    return f"{server_venv(host)}/lib/python3.11/site-packages"
 FIGURES: dict[str, float] = {}
 
 
@@ -149,7 +153,8 @@ def test_broken_rank_fails_the_whole_group_with_its_journal(group):
     # rank 1's venv breaks in a way pip does not see (the files of a package the
     # stand-in imports are gone, its metadata is still there), and only rank 1
     # is due for a restart (what it was started with is forgotten)
-    rank1.run(f"mv {SITE}/msgspec {SITE}/msgspec.broken-by-test && rm /var/lib/sglang-converge/sglang.json")
+    packages = site(rank1)
+    rank1.run(f"mv {packages}/msgspec {packages}/msgspec.broken-by-test && rm /var/lib/sglang-converge/sglang.json")
     started = time.time()
     proc = deploy()
     assert proc.returncode != 0, proc.out
@@ -180,7 +185,8 @@ def test_broken_rank_fails_the_whole_group_with_its_journal(group):
 
 def test_group_comes_back_once_the_venv_is_repaired(group):
     rank0, rank1 = group
-    rank1.run(f"mv {SITE}/msgspec.broken-by-test {SITE}/msgspec")
+    packages = site(rank1)
+    rank1.run(f"mv {packages}/msgspec.broken-by-test {packages}/msgspec")
     proc = deploy()
     assert proc.returncode == 0, proc.out
     # rank 1 crashed since the group was started: the group restarts (systemd's restart of rank 1 alone cannot)

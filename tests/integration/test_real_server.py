@@ -20,16 +20,16 @@ import urllib.request
 import pytest
 
 from tests.integration.clients import Clients
-from tests.integration.helpers import (ROOT, boot_extra_host, grand_total, real_pyinfra, remove_host, shared_real_host,
-                                       unit_props, wait_until)
+from tests.integration.helpers import (ROOT, boot_extra_host, grand_total, real_pyinfra, remove_host, server_venv,
+                                       shared_real_host, unit_props, wait_until)
 
 pytestmark = pytest.mark.sandbox
 
 API_KEY = "sk-real-server-7f3a9c2e41"
 ENV = {"SGLANG_API_KEY": API_KEY}
 TIMINGS: dict[str, float] = {}
-CT_VERSION = ("/opt/sglang/venv/bin/python -c 'import importlib.metadata as m; "
-              "print(m.version(\"compressed-tensors\"))'")
+CT_VERSION = ("{venv}/bin/python -c 'import importlib.metadata as m; "
+              "print(m.version(\"compressed-tensors\"))'")  # .format(venv=server_venv(host))
 AUTH = f"-H 'Authorization: Bearer {API_KEY}'"
 CHAT = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello"}],
                    "max_tokens": 8, "temperature": 0})
@@ -399,8 +399,9 @@ def test_the_incident_on_the_real_server_and_the_deploy_that_fixes_it(real):
     assert proc.returncode != 0, proc.out[-4000:]
     assert "RuntimeError: Found no NVIDIA driver on your system" in proc.out, proc.out[-4000:]
     assert "_check_scheme_supported" in proc.out
-    real.run("/opt/sglang/venv/bin/python -m pip install -q --no-deps compressed-tensors==0.8.1", timeout=300)
-    assert real.run(CT_VERSION).stdout.strip() == "0.8.1"
+    venv = server_venv(real)  # the CT profile's venv is the plain one's: the same first release serves both formats
+    real.run(f"{venv}/bin/python -m pip install -q --no-deps compressed-tensors==0.8.1", timeout=300)
+    assert real.run(CT_VERSION.format(venv=venv)).stdout.strip() == "0.8.1"
     script = (ROOT / "remote" / "wait_ready.py").read_bytes()
     real.run(f"echo {base64.b64encode(script).decode()} | base64 -d > /tmp/wait_ready.py")
     real.run("systemctl restart sglang.service", timeout=120)
@@ -414,7 +415,7 @@ def test_the_incident_on_the_real_server_and_the_deploy_that_fixes_it(real):
     # pyinfra prepares; the venv itself is the postcondition, read below)
     assert re.search(r"Python environment \| pinned packages +1 +1 ", fixed.out), fixed.out[-5000:]
     assert "ready: sglang.service serves tiny-llama" in fixed.out
-    assert real.run(CT_VERSION).stdout.strip() == "0.18.0"
+    assert real.run(CT_VERSION.format(venv=venv)).stdout.strip() == "0.18.0"
     assert curl(real, "/v1/chat/completions", CHAT)[0] == 200
 
 

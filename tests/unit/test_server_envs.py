@@ -27,7 +27,9 @@ def test_the_venv_is_named_by_the_package_set_and_only_by_it():
     # what the packages are: each one a venv of its own
     others = [sandbox_spec(packages=[*spec.packages, "six==1.17.0"]), sandbox_spec(packages_no_deps=["sglang==0.5.22"]),
               sandbox_spec(venv_python="/usr/local/bin/python3.12"), sandbox_spec(compressed_tensors_hold=["torch"]),
-              sandbox_spec(model="sandbox-tiny-nvfp4")]  # another format: another compressed-tensors decision
+              sandbox_spec(model="sandbox-tiny-nvfp4")]  # its format needs compressed-tensors >= 0.10.0
+    # formats every release has (and models without compressed-tensors) share one venv
+    assert sandbox_spec(model="sandbox-tiny-tools").server_venv == spec.server_venv
     assert len({spec.server_venv, *(other.server_venv for other in others)}) == 1 + len(others)
     assert sandbox_spec(venv_path="/data/venv").server_venv == f"/data/venv-envs/{spec.env_digest}"
 
