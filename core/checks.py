@@ -16,6 +16,7 @@ from pyinfra import host
 
 from core.capability import stack_check, version_key
 from core.disk import disk_shortfall
+from core.server_envs import venv_disk_problem
 from core.memory_fit import MemoryFit, memory_fit
 from facts.gpu import Gpu, GpuP2P, NvidiaGpus, P2PMatrix
 from facts.ports import PortHolder, PortListener
@@ -153,6 +154,9 @@ def preflight_report(spec: Spec) -> PreflightReport:
         disk = f"cannot check the disk: {err}"
     if disk:
         report.problems.append(disk)
+    venv_disk = venv_disk_problem(spec)
+    if venv_disk:
+        report.problems.append(venv_disk)
     return report
 
 

@@ -23,7 +23,8 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from core.changes import changing
-from core.ops import plan
+from core.ops import gb, plan
+from facts.files import FreeBytes
 from facts.server_envs import SWITCHED, EnvsDir, ServerEnvs
 
 if TYPE_CHECKING:
@@ -58,6 +59,24 @@ def envs_to_remove(envs: EnvsDir, serving: str, keep: int) -> list[str]:
         else:
             remove.append(env.path)
     return remove
+
+
+def venv_disk_problem(spec: Spec) -> str | None:
+    """A new venv is built beside the kept ones: about as big as the largest of them, it must fit
+    in the free space of their filesystem (None: it fits, exists already, or no size is known yet)."""
+    found = host.get_fact(ServerEnvs, root=spec.envs_dir)
+    if any(env.path == spec.server_venv for env in found.envs):
+        return None
+    sizes = [env.size_kb * 1024 for env in found.envs if env.size_kb]
+    if not sizes:  # the first venv: no size to go by (pip says so if the disk fills)
+        return None
+    space = host.get_fact(FreeBytes, path=spec.envs_dir)
+    if space is None or space.free_bytes >= max(sizes):
+        return None
+    return (f"venv: not enough disk for the new venv {spec.server_venv}: need ~{gb(max(sizes))} (the largest of "
+            f"the {len(sizes)} venv(s) kept in {spec.envs_dir}, {gb(sum(sizes))} in all); {space.mount} has "
+            f"{gb(space.free_bytes)} free: allowed: free space there, or remove old venvs by hand or with a lower "
+            f"keep_envs (now {spec.keep_envs}; the serving venv is always kept)")
 
 
 def _gb(size_kb: int | None) -> str:

@@ -25,7 +25,7 @@ from facts.gpu import Gpu, P2PMatrix
 from facts.interpreter import Interpreter
 from facts.model_dir import ModelDir
 from facts.venv import Venv
-from tests.unit.test_step_operations import at_server_venv
+from tests.unit.test_step_operations import NO_ENVS, at_server_venv
 from tasks import preflight
 from tasks.spec import build_spec
 
@@ -63,6 +63,7 @@ def facts(gpus, python=DEBIAN12_PYTHON, venv=NO_VENV, config=KIMI_CONFIG,
     return {
         "gpu.NvidiaGpus": gpus, "gpu.SimulatedGpus": False, "ports.PortListener": {"port=30000": None},
         "venv.VenvState": {f"path={VENV}": venv},
+        "server_envs.ServerEnvs": {f"root={VENV}-envs": NO_ENVS},
         "interpreter.PythonInterpreter": {"python=/usr/bin/python3": python},
         "server.Which": {"command=curl": curl},
         "model_dir.ModelDirState": {f"path={model_dir}": ModelDir(marker=None, files={}, partial_bytes=0)},

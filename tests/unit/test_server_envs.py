@@ -102,3 +102,31 @@ def test_a_rollback_is_refused_when_the_kept_venv_is_gone_or_changed(venvs, why)
     assert last_good.not_by_files_alone(kept_stamp(), NOW) == (
         "the venv's packages changed since it served (sglang 0.5.22 -> 0.5.23): its files alone would not "
         "bring it back")
+
+
+def disk_problem(spec, envs: EnvsDir, free: int) -> str | None:
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra_testing.util import FakeState, create_host
+
+    from core.server_envs import venv_disk_problem
+
+    facts = {"server_envs.ServerEnvs": {f"root={spec.envs_dir}": envs},
+             "files.FreeBytes": {f"path={spec.envs_dir}": {"path": "/opt", "mount": "/opt", "free_bytes": free,
+                                                          "total_bytes": 10 * free}}}
+    state = FakeState()
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)):
+        return venv_disk_problem(spec)
+
+
+def test_a_new_venv_must_fit_beside_the_kept_ones_the_size_of_the_largest():
+    spec = sandbox_spec()
+    kept = EnvsDir((E("/opt/sglang/venv-envs/aaaaaaaaaaaa", 10, 8_000_000), E("/opt/sglang/venv-envs/bbbbbbbbbbbb", 20,
+                                                                              7_000_000)), frozenset())
+    assert disk_problem(spec, kept, 9 * 10**9) is None  # 8.19 GB fits in 9 GB (positive control below)
+    assert disk_problem(spec, kept, 5 * 10**9) == (
+        f"venv: not enough disk for the new venv {spec.server_venv}: need ~8.19 GB (the largest of the 2 venv(s) "
+        "kept in /opt/sglang/venv-envs, 15.36 GB in all); /opt has 5.00 GB free: allowed: free space there, or "
+        "remove old venvs by hand or with a lower keep_envs (now 2; the serving venv is always kept)")
+    built = EnvsDir((*kept.envs, E(spec.server_venv, None, 8_000_000)), frozenset())
+    assert disk_problem(spec, built, 10**6) is None  # built already: nothing to add
+    assert disk_problem(spec, EnvsDir((), frozenset()), 10**6) is None  # the first one: no size to go by

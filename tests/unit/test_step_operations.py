@@ -15,6 +15,7 @@ from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
+from facts.server_envs import EnvsDir
 from facts.compressed_tensors import CompressedTensors
 from facts.gpu import Gpu
 from facts.model_dir import ModelDir
@@ -80,6 +81,7 @@ def disk(free):
                                       "total_bytes": free}}
 
 
+NO_ENVS = EnvsDir((), frozenset())  # no server venv built yet
 EMPTY_DIR = {"path=/srv/models/tiny": ModelDir(marker=None, files={}, partial_bytes=0)}
 
 
@@ -92,6 +94,7 @@ def preflight_facts(gpu_list, holder=None, free=10**9):
     return {"gpu.NvidiaGpus": gpu_list, "ports.PortListener": {"port=30000": holder},
             "gpu.SimulatedGpus": True, "model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(free),
             "venv.VenvState": {"path=/opt/sglang/venv": Venv(exists=False)},
+            "server_envs.ServerEnvs": {"root=/opt/sglang/venv-envs": NO_ENVS},
             "interpreter.PythonInterpreter": {"python=/usr/bin/python3": Interpreter((3, 11, 2), True)},
             "model_dir.ModelConfig": {"path=/srv/models/tiny": {"num_hidden_layers": 2, "kv_lora_rank": 64,
                                                                 "qk_rope_head_dim": 16, "torch_dtype": "bfloat16",
