@@ -23,7 +23,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from core.changes import changing
-from core.ops import gb, plan
+from core.ops import gb, plan, report
 from facts.files import FreeBytes
 from facts.server_envs import SWITCHED, EnvsDir, ServerEnvs
 
@@ -104,8 +104,10 @@ def old_envs_removed(spec: Spec):
         host.noop(f"{len(found.envs)} venv(s) in {spec.envs_dir}, keep_envs = {spec.keep_envs}: none to remove")
         return
     sizes = {env.path: env.size_kb for env in found.envs}
-    plan(f"remove {len(remove)} old venv(s) beyond keep_envs = {spec.keep_envs}: "
-         + ", ".join(f"{path} ({_gb(sizes.get(path))} GB)" for path in remove))
+    message = (f"remove {len(remove)} old venv(s) beyond keep_envs = {spec.keep_envs}: "
+               + ", ".join(f"{path} ({_gb(sizes.get(path))} GB)" for path in remove))
+    plan(message)
+    report(f"venv: {message}")
     for path in remove:
         # renamed first: a venv half removed is never one a unit could be switched back to
         yield changing(StringCommand("sh -c", QuoteString('mv "$1" "$1.removing" && rm -rf "$1.removing"'), "-",
