@@ -36,6 +36,10 @@ class ServerEnvs(FactBase[EnvsDir]):
         host.get_fact(ServerEnvs, root="/opt/sglang/venv-envs")
     """
 
+    @staticmethod
+    def default() -> EnvsDir:
+        return EnvsDir((), frozenset())  # no envs dir yet: no output
+
     def command(self, root: str) -> StringCommand:
         script = (
             'r=$1; u=$2; [ -d "$r" ] || exit 0; for d in "$r"/*/; do d=${d%/}; [ -d "$d" ] || continue; '
