@@ -56,6 +56,7 @@ from facts.venv import ExactPins, VenvPackages, venv_python
 from core.disk import HUB, hub_failure
 from core.ops import explaining_line, fail_command, plan, record_failure, report
 from core.paths import CACHE_DIR
+from core.stamps import read_stamp, stamp_path
 from core.venv_ops import locked, say_if_locked
 from tasks.spec import COMPRESSED_TENSORS_FORMATS, Spec
 
@@ -454,6 +455,14 @@ def compression_format_supported(spec: Spec):
         plan(message)
         yield fail_command(message)
         return
+    if read_stamp(stamp_path(spec)).get("venv") == spec.server_venv:
+        # its package set's inputs say nothing of this: the model's config.json asks more than its
+        # profile declares (Spec.env_inputs), or the venv was changed by hand since it was built
+        serving = (f"quant deps: {spec.server_venv} is the venv {spec.unit_name} was started from: this changes "
+                   "it in place, under the running server (the profile's quantization format does not say what "
+                   "the model's config.json needs)")
+        plan(serving)
+        report(serving)
     hold, constraints_lines = _hold_lines(spec)
     tolerated = f"; will conflict, allowed: {'; '.join(upgrade.tolerated)}" if upgrade.tolerated else ""
     plan(f"install {upgrade.requirement} ({upgrade.because}), holding "

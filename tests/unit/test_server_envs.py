@@ -4,6 +4,8 @@ restart beyond keep_envs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from core import last_good
@@ -130,3 +132,18 @@ def test_a_new_venv_must_fit_beside_the_kept_ones_the_size_of_the_largest():
     built = EnvsDir((*kept.envs, E(spec.server_venv, None, 8_000_000)), frozenset())
     assert disk_problem(spec, built, 10**6) is None  # built already: nothing to add
     assert disk_problem(spec, EnvsDir((), frozenset()), 10**6) is None  # the first one: no size to go by
+
+
+def test_compressed_tensors_changed_in_the_venv_a_server_was_started_from_is_said_in_the_plan(caplog):
+    from tasks import quant_deps
+    from tests.unit.test_step_operations import CT_0_8_1, KIMI_INT4, plans, quant_facts, run
+
+    spec = sandbox_spec()
+    serving = quant_facts(KIMI_INT4, CT_0_8_1)
+    serving["files.FileText"] = {"path=/var/lib/sglang-converge/sglang.json": json.dumps({"venv": spec.server_venv})}
+    for facts, said in ((quant_facts(KIMI_INT4, CT_0_8_1), False), (serving, True)):  # never started: the control
+        caplog.clear()
+        _host, (upgrade,) = run(quant_deps.compression_format_supported, facts, spec=spec)
+        assert upgrade.args[1] == "compressed-tensors==0.18.0"
+        assert any(line.startswith(f"quant deps: {spec.server_venv} is the venv sglang.service was started from: "
+                                   "this changes it in place") for line in plans(caplog)) is said

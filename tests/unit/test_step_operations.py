@@ -241,6 +241,7 @@ STUB_PIN = {"vllm-stub": {"version": "0.6.5", "requires": ["compressed-tensors==
 def quant_facts(config, installed, refs=SGLANG_REFS, requirers=SGLANG_REQUIRES):
     sglang = {"sglang": "0.5.23"} if refs["version"] else {}
     return {"model_dir.ModelConfig": {"path=/srv/models/tiny": config},
+            "files.FileText": {"path=/var/lib/sglang-converge/sglang.json": None},  # never started
             "compressed_tensors.CompressionFormats": {VENV: installed},
             "compressed_tensors.CompressionFormatReferences": {f"package=sglang, {VENV}": refs},
             "compressed_tensors.CompressedTensorsRequirers": {VENV: requirers},
