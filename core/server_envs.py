@@ -65,9 +65,10 @@ def venv_disk_problem(spec: Spec) -> str | None:
     """A new venv is built beside the kept ones: about as big as the largest of them, it must fit
     in the free space of their filesystem (None: it fits, exists already, or no size is known yet)."""
     found = host.get_fact(ServerEnvs, root=spec.envs_dir)
-    if any(env.path == spec.server_venv for env in found.envs):
+    if not found.envs or any(env.path == spec.server_venv for env in found.envs):
         return None
-    sizes = [env.size_kb * 1024 for env in found.envs if env.size_kb]
+    sized = host.get_fact(ServerEnvs, root=spec.envs_dir, sizes=True)
+    sizes = [env.size_kb * 1024 for env in sized.envs if env.size_kb]
     if not sizes:  # the first venv: no size to go by (pip says so if the disk fills)
         return None
     space = host.get_fact(FreeBytes, path=spec.envs_dir)
@@ -77,10 +78,6 @@ def venv_disk_problem(spec: Spec) -> str | None:
             f"the {len(sizes)} venv(s) kept in {spec.envs_dir}, {gb(sum(sizes))} in all); {space.mount} has "
             f"{gb(space.free_bytes)} free: allowed: free space there, or remove old venvs by hand or with a lower "
             f"keep_envs (now {spec.keep_envs}; the serving venv is always kept)")
-
-
-def _gb(size_kb: int | None) -> str:
-    return "?" if size_kb is None else f"{size_kb * 1024 / 10**9:.1f}"
 
 
 @operation()
@@ -103,9 +100,10 @@ def old_envs_removed(spec: Spec):
             return
         host.noop(f"{len(found.envs)} venv(s) in {spec.envs_dir}, keep_envs = {spec.keep_envs}: none to remove")
         return
-    sizes = {env.path: env.size_kb for env in found.envs}
+    sized = host.get_fact(ServerEnvs, root=spec.envs_dir, sizes=True).envs
+    sizes = {env.path: gb(env.size_kb * 1024) for env in sized if env.size_kb}
     message = (f"remove {len(remove)} old venv(s) beyond keep_envs = {spec.keep_envs}: "
-               + ", ".join(f"{path} ({_gb(sizes.get(path))} GB)" for path in remove))
+               + ", ".join(f"{path} ({sizes.get(path, 'size unknown')})" for path in remove))
     plan(message)
     report(f"venv: {message}")
     for path in remove:

@@ -17,7 +17,7 @@ SWITCHED = ".sgc-switched"  # touched in a venv right before a restart switches 
 class ServerEnv:
     path: str
     switched: int | None  # epoch seconds of its last switch; None: never switched to (staged, or cut off)
-    size_kb: int | None  # du -sk; None when unreadable
+    size_kb: int | None  # du -sk (ServerEnvs(sizes=True)); None when not asked or unreadable
 
 
 @dataclass(frozen=True)
@@ -33,18 +33,20 @@ class ServerEnvs(FactBase[EnvsDir]):
 
     .. code:: python
 
-        host.get_fact(ServerEnvs, root="/opt/sglang/venv-envs")
+        host.get_fact(ServerEnvs, root="/opt/sglang/venv-envs")              # sizes: sizes=True
     """
 
     @staticmethod
     def default() -> EnvsDir:
         return EnvsDir((), frozenset())  # no envs dir yet: no output
 
-    def command(self, root: str) -> StringCommand:
+    def command(self, root: str, sizes: bool = False) -> StringCommand:
+        # du walks ~100k files per venv: only when a size is wanted (the disk check, a removal)
+        size = 'k=$(du -sk "$d" 2>/dev/null | cut -f1); ' if sizes else "k=-; "
         script = (
             'r=$1; u=$2; [ -d "$r" ] || exit 0; for d in "$r"/*/; do d=${d%/}; [ -d "$d" ] || continue; '
             'case "$d" in *.removing) echo "removing - - $d"; continue;; esac; '
-            f's=$(stat -c %Y "$d/{SWITCHED}" 2>/dev/null || echo -); k=$(du -sk "$d" 2>/dev/null | cut -f1); '
+            f's=$(stat -c %Y "$d/{SWITCHED}" 2>/dev/null || echo -); {size}'
             'echo "env ${s} ${k:--} $d"; '
             'if grep -qsF "$d/" "$u"/*.service; then echo "ref - - $d"; fi; done'
         )

@@ -63,7 +63,7 @@ def facts(gpus, python=DEBIAN12_PYTHON, venv=NO_VENV, config=KIMI_CONFIG,
     return {
         "gpu.NvidiaGpus": gpus, "gpu.SimulatedGpus": False, "ports.PortListener": {"port=30000": None},
         "venv.VenvState": {f"path={VENV}": venv},
-        "server_envs.ServerEnvs": {f"root={VENV}-envs": NO_ENVS},
+        "server_envs.ServerEnvs": {f"root={VENV}-envs, sizes=False": NO_ENVS},
         "interpreter.PythonInterpreter": {"python=/usr/bin/python3": python},
         "server.Which": {"command=curl": curl},
         "model_dir.ModelDirState": {f"path={model_dir}": ModelDir(marker=None, files={}, partial_bytes=0)},

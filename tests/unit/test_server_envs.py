@@ -112,7 +112,8 @@ def disk_problem(spec, envs: EnvsDir, free: int) -> str | None:
 
     from core.server_envs import venv_disk_problem
 
-    facts = {"server_envs.ServerEnvs": {f"root={spec.envs_dir}": envs},
+    listed = EnvsDir(tuple(ServerEnv(env.path, env.switched, None) for env in envs.envs), envs.referenced)
+    facts = {"server_envs.ServerEnvs": {f"root={spec.envs_dir}, sizes=False": listed, f"root={spec.envs_dir}, sizes=True": envs},
              "files.FreeBytes": {f"path={spec.envs_dir}": {"path": "/opt", "mount": "/opt", "free_bytes": free,
                                                           "total_bytes": 10 * free}}}
     state = FakeState()

@@ -94,7 +94,7 @@ def preflight_facts(gpu_list, holder=None, free=10**9):
     return {"gpu.NvidiaGpus": gpu_list, "ports.PortListener": {"port=30000": holder},
             "gpu.SimulatedGpus": True, "model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(free),
             "venv.VenvState": {"path=/opt/sglang/venv": Venv(exists=False)},
-            "server_envs.ServerEnvs": {"root=/opt/sglang/venv-envs": NO_ENVS},
+            "server_envs.ServerEnvs": {"root=/opt/sglang/venv-envs, sizes=False": NO_ENVS},
             "interpreter.PythonInterpreter": {"python=/usr/bin/python3": Interpreter((3, 11, 2), True)},
             "model_dir.ModelConfig": {"path=/srv/models/tiny": {"num_hidden_layers": 2, "kv_lora_rank": 64,
                                                                 "qk_rope_head_dim": 16, "torch_dtype": "bfloat16",
