@@ -30,7 +30,8 @@ from pyinfra import host
 
 from core.ops import gb
 from facts.files import FreeBytes
-from facts.model_dir import ModelDir, ModelDirState
+from core.paths import revisions_root
+from facts.model_dir import ModelDir, ModelDirState, ModelRevisions
 from tasks.spec import Spec
 
 HUB = "https://huggingface.co"
@@ -51,12 +52,20 @@ class HubError(Exception):
         self.transient = transient
 
 
-_HUB_ANSWERS: dict[tuple[str, str, str | None, str | None], dict[str, int] | HubError] = {}
+class HubListing(NamedTuple):
+    """One revision's files as the Hub lists them: sizes, and the digest it publishes for each
+    ("sha256:<hex>" for LFS files, "sha1:<hex>" the git blob id of the others; None: none given)."""
+
+    sizes: dict[str, int]
+    digests: dict[str, str | None]
 
 
-def hub_files(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, int]:
-    """File sizes of one pinned revision, from the Hub API (a pinned revision never changes: asked once per
-    process, and a refusal is remembered too); HubError when the Hub cannot give them."""
+_HUB_ANSWERS: dict[tuple[str, str, str | None, str | None], HubListing | HubError] = {}
+
+
+def hub_listing(repo: str, revision: str, endpoint: str | None, token: str | None) -> HubListing:
+    """Files, sizes and digests of one pinned revision, from the Hub API (a pinned revision never changes:
+    asked once per process, and a refusal is remembered too); HubError when the Hub cannot give them."""
     key = (repo, revision, endpoint, token)
     answer = _HUB_ANSWERS.get(key)
     if answer is None:
@@ -65,10 +74,29 @@ def hub_files(repo: str, revision: str, endpoint: str | None, token: str | None)
             _HUB_ANSWERS[key] = answer
     if isinstance(answer, HubError):
         raise HubError(str(answer), answer.transient)
-    return dict(answer)
+    return HubListing(dict(answer.sizes), dict(answer.digests))
 
 
-def _ask_hub(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, int] | HubError:
+def hub_files(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, int]:
+    """File sizes of one pinned revision (``hub_listing``)."""
+    return hub_listing(repo, revision, endpoint, token).sizes
+
+
+def hub_digests(repo: str, revision: str, endpoint: str | None, token: str | None) -> dict[str, str | None]:
+    """The Hub's digest of each file of one pinned revision (``hub_listing``)."""
+    return hub_listing(repo, revision, endpoint, token).digests
+
+
+def _sibling_digest(sibling) -> str | None:
+    """What remote/file_digests.py's hub_digest says of a RepoSibling (the marker records the same)."""
+    sha256 = getattr(getattr(sibling, "lfs", None), "sha256", None)
+    if sha256:
+        return f"sha256:{str(sha256).lower()}"
+    blob_id = getattr(sibling, "blob_id", None)
+    return f"sha1:{str(blob_id).lower()}" if blob_id else None
+
+
+def _ask_hub(repo: str, revision: str, endpoint: str | None, token: str | None) -> HubListing | HubError:
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=endpoint, token=token)
@@ -77,7 +105,9 @@ def _ask_hub(repo: str, revision: str, endpoint: str | None, token: str | None) 
     for attempt in range(1, HUB_ATTEMPTS + 1):
         try:
             info = api.model_info(repo, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_S)
-            return {sibling.rfilename: int(sibling.size or 0) for sibling in info.siblings or []}
+            siblings = info.siblings or []
+            return HubListing({sibling.rfilename: int(sibling.size or 0) for sibling in siblings},
+                              {sibling.rfilename: _sibling_digest(sibling) for sibling in siblings})
         except Exception as err:  # noqa: BLE001 - sorted below
             reason, transient, retry_after = hub_failure(err, repo, revision, hub, token)
         if not transient:
@@ -154,6 +184,55 @@ def bytes_to_fetch(expected: dict[str, int], state: ModelDir) -> int:
     return sum(size for name, size in expected.items() if state.files.get(name) != size)
 
 
+def link_sources(local_dir: str, root: str | None) -> list[tuple[str, dict]]:
+    """The dirs a new revision's files may be hard-linked from, with their markers: the model's other
+    revision dirs (``<root>-revisions/*``) and ``root`` itself (the layout before revision dirs)."""
+    if not root:
+        return []
+    out = []
+    legacy = host.get_fact(ModelDirState, path=root)
+    if legacy.marker:
+        out.append((root, legacy.marker))
+    for revision in host.get_fact(ModelRevisions, root=revisions_root(root)).revisions:
+        if revision.path != local_dir.rstrip("/") and revision.marker:
+            out.append((revision.path, revision.marker))
+    return out
+
+
+def stored_files(sources: Sequence[tuple[str, dict]], same: tuple[str, str] | None = None) -> dict[tuple[str, int], str]:
+    """(digest, size) -> a dir that holds that content verified (the markers' digests); with ``same``
+    (repo, revision), a dir holding that very revision also by ("name:" + file name, size), as
+    remote/fetch_model.py links them (a marker older than digests)."""
+    out: dict[tuple[str, int], str] = {}
+    for path, marker in sources:
+        sizes = marker.get("files") or {}
+        for name, digest in (marker.get("digests") or {}).items():
+            if digest and isinstance(sizes.get(name), int):
+                out.setdefault((digest, sizes[name]), path)
+        if same is not None and (marker.get("repo"), marker.get("revision")) == same:
+            for name, size in sizes.items():
+                if isinstance(size, int):
+                    out.setdefault((f"name:{name}", size), path)
+    return out
+
+
+def linkable(expected: dict[str, int], digests: dict[str, str | None], state: ModelDir,
+             sources: Sequence[tuple[str, dict]], same: tuple[str, str] | None = None) -> dict[str, int]:
+    """The files still missing that a kept revision holds with the same digest and size: hard-linked
+    from there (stored once), not fetched."""
+    stored = stored_files(sources, same)
+    return {name: size for name, size in expected.items() if state.files.get(name) != size
+            and ((digests.get(name) or "", size) in stored or (f"name:{name}", size) in stored)}
+
+
+def freeable_bytes(sources: Sequence[tuple[str, dict]], digests: dict[str, str | None],
+                   expected: dict[str, int]) -> int:
+    """What removing the kept revisions frees (model_update = "in-place"): their content the new
+    revision does not share, each content counted once (hard links between them)."""
+    keep = {(digest, expected[name]) for name, digest in digests.items() if digest and name in expected}
+    return sum(size for (digest, size) in stored_files(sources) if (digest, size) not in keep)
+
+
 @dataclass(frozen=True)
 class DiskNeed:
     """What a download of one revision still needs, and where it would land."""
@@ -168,32 +247,47 @@ class DiskNeed:
     margin: int  # bytes that must stay free (size_margin_gb)
     expected: dict[str, int] = field(default_factory=dict, compare=False, hash=False)  # the Hub's files and sizes
     mount: str = ""  # the filesystem's mount point: downloads on one filesystem share its free bytes
+    linked: int = 0  # bytes a kept revision holds already: hard-linked, not fetched, not counted
+    link_from: tuple[str, ...] = ()  # the kept revisions' dirs (and the old layout's dir) to link from
+    freeable: int = 0  # bytes only the kept revisions hold (what model_update = "in-place" frees)
 
     @property
     def short(self) -> bool:
         return self.need > self.free - self.margin
 
     def shortfall(self) -> str:
+        shared = f", {gb(self.linked)} shared with the kept revision(s) linked" if self.linked else ""
+        both = (f"; the disk cannot hold it beside the kept revision(s) ({gb(self.freeable)} only they hold): "
+                f"allowed: model_update = \"in-place\" (stops the server for the download and removes them), "
+                f"or more free space" if self.link_from else "")
         return (
             f"not enough disk for {self.repo}@{self.revision[:12]}: need {gb(self.need)} more "
-            f"(of {gb(self.total)}), {self.where} has {gb(self.free)} free and {gb(self.margin)} must stay "
-            f"free (size_margin_gb); nothing was downloaded"
+            f"(of {gb(self.total)}{shared}), {self.where} has {gb(self.free)} free and {gb(self.margin)} must "
+            f"stay free (size_margin_gb){both}; nothing was downloaded"
         )
 
 
 def disk_need(repo: str, revision: str, local_dir: str, margin_bytes: int,
-              endpoint: str | None = None, token: str | None = None) -> DiskNeed | None:
-    """None when ``local_dir`` already holds the revision, verified; else what the download needs.
+              endpoint: str | None = None, token: str | None = None, root: str | None = None) -> DiskNeed | None:
+    """None when ``local_dir`` already holds the revision, verified; else what the download needs: the
+    bytes neither on disk there nor in a kept revision of ``root`` (``link_sources``).
     Raises HubError when the Hub cannot give the revision's files (not asked when the model is there)."""
     state = host.get_fact(ModelDirState, path=local_dir)
     if model_complete(state, repo, revision):
         return None
     expected = hub_files(repo, revision, endpoint, token)
+    sources = link_sources(local_dir, root)
+    linked, freeable = 0, 0
+    if sources:
+        digests = hub_digests(repo, revision, endpoint, token)
+        linked = sum(linkable(expected, digests, state, sources, (repo, revision)).values())
+        freeable = freeable_bytes(sources, digests, expected)
     space = host.get_fact(FreeBytes, path=local_dir)
-    return DiskNeed(repo=repo, revision=revision, files=len(expected), need=bytes_to_fetch(expected, state),
+    return DiskNeed(repo=repo, revision=revision, files=len(expected), need=bytes_to_fetch(expected, state) - linked,
                     total=sum(expected.values()), free=space.free_bytes if space else 0,
                     where=space.path if space else local_dir, margin=margin_bytes, expected=expected,
-                    mount=space.mount if space else local_dir)
+                    mount=space.mount if space else local_dir, linked=linked,
+                    link_from=tuple(path for path, _marker in sources), freeable=freeable)
 
 
 def shortfall(needs: Sequence[DiskNeed]) -> str | None:
@@ -229,14 +323,15 @@ class Pin(NamedTuple):
     what: str
     repo: str
     revision: str
-    local_dir: str
+    local_dir: str  # the revision's own dir (<root>-revisions/<revision[:12]>)
+    root: str | None = None  # the model_dir / draft_dir setting: its other revisions are linked from
 
 
 def pins(spec: Spec) -> list[Pin]:
     """The downloads a spec pins, in the order the model step fetches them: the model, then its draft model."""
-    out = [Pin("model", spec.profile.repo, spec.profile.revision, spec.model_dir)]
-    if spec.draft is not None and spec.draft_dir is not None:
-        out.append(Pin("draft", spec.draft.repo, spec.draft.revision, spec.draft_dir))
+    out = [Pin("model", spec.profile.repo, spec.profile.revision, spec.model_path, spec.model_dir)]
+    if spec.draft is not None and spec.draft_dir is not None and spec.draft_path is not None:
+        out.append(Pin("draft", spec.draft.repo, spec.draft.revision, spec.draft_path, spec.draft_dir))
     return out
 
 
@@ -252,7 +347,7 @@ def disk_shortfall(spec: Spec) -> str | None:
     try:
         for pin in pins(spec):
             need = disk_need(pin.repo, pin.revision, pin.local_dir, spec.margin_bytes, spec.hf_endpoint,
-                             hf_token(spec))
+                             hf_token(spec), pin.root)
             if need is not None:
                 needs.append(need)
     except HubError as err:

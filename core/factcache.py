@@ -188,8 +188,8 @@ def server_reads(spec: Spec) -> list[tuple[type, dict[str, Any]]]:
     from tasks.spec.built import SERVER_LAUNCHER
 
     reads: list[tuple[type, dict[str, Any]]] = [(NvidiaGpus, {}), (GpuP2P, {}), (SimulatedGpus, {}),
-                                                (ModelConfig, {"path": spec.model_dir})]
-    reads += [(ModelDirState, {"path": path}) for path in (spec.model_dir, spec.draft_dir if spec.draft else None)
+                                                (ModelConfig, {"path": spec.model_path})]
+    reads += [(ModelDirState, {"path": path}) for path in (spec.model_path, spec.draft_path, spec.model_dir, spec.draft_dir if spec.draft else None)
               if path]
     reads += [(FileText, {"path": path}) for path in (stamp_path(spec), last_good_stamp_path(spec),
                                                       pending_stamp_path(spec))]

@@ -193,7 +193,7 @@ def safetensors_bytes(spec: Spec, repo: str, revision: str, local_dir: str) -> i
 
 def checkpoint_bytes(spec: Spec) -> tuple[int, str]:
     """The checkpoint's size: its *.safetensors on the host (verified) or on the Hub, else the profile's estimate."""
-    shards = safetensors_bytes(spec, spec.profile.repo, spec.profile.revision, spec.model_dir)
+    shards = safetensors_bytes(spec, spec.profile.repo, spec.profile.revision, spec.model_path)
     if shards:
         return shards, "of safetensors"
     return spec.model_bytes, "(the profile's size_bytes)"
@@ -201,9 +201,9 @@ def checkpoint_bytes(spec: Spec) -> tuple[int, str]:
 
 def draft_bytes(spec: Spec) -> tuple[int, str]:
     """The draft model's *.safetensors bytes ((0, '') without a draft; (0, why) when unknown)."""
-    if spec.draft is None or spec.draft_dir is None:
+    if spec.draft is None or spec.draft_path is None:
         return 0, ""
-    shards = safetensors_bytes(spec, spec.draft.repo, spec.draft.revision, spec.draft_dir)
+    shards = safetensors_bytes(spec, spec.draft.repo, spec.draft.revision, spec.draft_path)
     return shards, "of safetensors" if shards else "unknown (not on the host, the Hub did not say)"
 
 
@@ -219,7 +219,7 @@ def hub_config(repo: str, revision: str, endpoint: str | None, token: str | None
 
 def model_config(spec: Spec) -> tuple[dict[str, Any] | None, str]:
     """The model's config.json: the host's copy once downloaded, else the Hub's; (None, why) when neither."""
-    config = host.get_fact(ModelConfig, path=spec.model_dir)
+    config = host.get_fact(ModelConfig, path=spec.model_path)
     if config is not None:
         return config, ""
     try:

@@ -20,10 +20,17 @@ MODELS_ROOT = "/srv/models"  # default parent of model_dir
 STATE_DIR = "/var/lib/sglang-converge"  # restart stamps, root-only (0700)
 CACHE_DIR = "/var/cache/sglang-converge"  # get-pip.py, pip wheels, constraints files
 REMOTE_DIR = "/usr/local/lib/sglang-converge"  # uploaded helper scripts
+SWITCHED = ".sgc-switched"  # touched in a venv or a model revision dir right before a restart switches a unit to it
 MODEL_MARKER = ".sglang-converge.json"  # written into model_dir once a revision is verified
 LEGACY_FETCH_UNIT = "sglang-model-fetch.service"  # the one download unit of a host, before units per model dir
 
 GB = 10**9  # "GB" in messages and settings is decimal, like disk sizes
+
+
+def revisions_root(model_dir: str) -> str:
+    """The dir of a model dir's revisions, one subdir each (<model_dir>-revisions/<revision[:12]>),
+    files shared between revisions hard-linked (stored once)."""
+    return model_dir.rstrip("/") + "-revisions"
 
 
 def fetch_unit_name(local_dir: str) -> str:
@@ -33,9 +40,14 @@ def fetch_unit_name(local_dir: str) -> str:
 
     >>> fetch_unit_name("/srv/models/kimi-k2.6/")
     'sglang-model-fetch-kimi-k2.6-730db7fd.service'
+    >>> fetch_unit_name("/srv/models/kimi-k2.6-revisions/0123456789ab")
+    'sglang-model-fetch-kimi-k2.6-0123456789ab-bbc2b4d7.service'
     """
     path = posixpath.normpath(local_dir)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", posixpath.basename(path))[:64] or "root"
+    parent, base = posixpath.split(path)
+    if parent.endswith("-revisions"):  # a revision dir: named by its model dir and revision
+        base = f"{posixpath.basename(parent)[:-len('-revisions')]}-{base}"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", base)[:64] or "root"
     return f"sglang-model-fetch-{name}-{hashlib.sha256(path.encode()).hexdigest()[:8]}.service"
 
 

@@ -32,9 +32,12 @@ if TYPE_CHECKING:
 
 
 def switch_marked(spec: Spec) -> StringCommand:
-    """Before a restart onto ``spec.server_venv``: its switch time (what pruning orders by)."""
-    marker = f"{spec.server_venv}/{SWITCHED}"
-    return changing(StringCommand("touch", QuoteString(marker)), marker)
+    """Before a restart onto ``spec.server_venv`` and the model's revision dirs: their switch time (what
+    pruning orders by, core/model_revisions.py for the model's)."""
+    markers = [f"{path}/{SWITCHED}" for path in (spec.server_venv, spec.model_path, spec.draft_path) if path]
+    # a revision dir exists once downloaded; the venv always does by now
+    return changing(StringCommand("sh -c", QuoteString('for m; do [ -d "${m%/*}" ] && touch "$m"; done; true'), "-",
+                                  *map(QuoteString, markers)), *markers)
 
 
 def envs_to_remove(envs: EnvsDir, serving: str, keep: int) -> list[str]:

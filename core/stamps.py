@@ -125,7 +125,7 @@ def restart_cut_off(unit: UnitState, pending: dict, stamp: dict) -> bool:
 def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
     """What the running server must have been started with, as of now."""
     packages = host.get_fact(VenvPackages, path=spec.server_venv)
-    model_dir = host.get_fact(ModelDirState, path=spec.model_dir)
+    model_dir = host.get_fact(ModelDirState, path=spec.model_path)
     marker = model_dir.marker or {}
     wanted = {
         **rendered.digests(),
@@ -134,8 +134,8 @@ def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
         "model_revision": marker.get("revision"),
         "venv": spec.server_venv,  # the venv it runs from (a rollback needs it still there)
     }
-    if spec.draft_dir is not None:  # only with a draft: the stamps of servers without one stay as they were
-        wanted["draft_revision"] = (host.get_fact(ModelDirState, path=spec.draft_dir).marker or {}).get("revision")
+    if spec.draft_path is not None:  # only with a draft: the stamps of servers without one stay as they were
+        wanted["draft_revision"] = (host.get_fact(ModelDirState, path=spec.draft_path).marker or {}).get("revision")
     return wanted
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from core.paths import MODEL_MARKER
+from core.paths import MODEL_MARKER, SWITCHED, SYSTEMD_DIR
 from facts._value import FactValue
 
 
@@ -40,7 +40,7 @@ class ModelDirState(FactBase[ModelDir]):
             QuoteString(path),
             '; [ -d "$1" ] || exit 0; cd "$1" || exit 1; '
             f'[ -f {MODEL_MARKER} ] && printf "marker: %s\\n" "$(tr -d "\\n" < {MODEL_MARKER})"; '
-            f"find . -path ./.cache -prune -o -type f ! -name '{MODEL_MARKER}*' -printf 'file: %s %P\\n'; "
+            f"find . -path ./.cache -prune -o -type f ! -name '{MODEL_MARKER}*' ! -name {SWITCHED} -printf 'file: %s %P\\n'; "
             "find ./.cache -type f -name '*.incomplete' -printf 'partial: %s %P\\n' 2>/dev/null; true",
         )
 
@@ -76,3 +76,77 @@ class ModelConfig(FactBase[dict[str, Any] | None]):
         text = "\n".join(output).strip()
         config: dict[str, Any] | None = json.loads(text) if text else None
         return config
+
+
+@dataclass(frozen=True)
+class Revision(FactValue):
+    path: str
+    marker: dict[str, Any] | None  # its verified download's marker (None: none yet, or a download cut off)
+    switched: int | None  # epoch seconds of the last restart onto it; None: never switched to
+
+
+@dataclass(frozen=True)
+class Revisions(FactValue):
+    revisions: tuple[Revision, ...]
+    referenced: tuple[str, ...]  # revision dirs some unit file of the host names (another server serving it)
+    half_removed: tuple[str, ...] = ()  # <dir>.removing: a removal cut off
+    legacy: str | None = None  # the model dir itself, holding a revision (the layout before revision dirs)
+
+
+class ModelRevisions(FactBase[Revisions]):
+    """
+    The revision dirs of a model (``<model_dir>-revisions/<revision[:12]>``): each one's marker and
+    last switch, and which of them a unit file names.
+
+    .. code:: python
+
+        host.get_fact(ModelRevisions, root="/srv/models/kimi-k2.6-revisions")
+    """
+
+    @staticmethod
+    def default() -> Revisions:
+        return Revisions((), ())
+
+    def command(self, root: str) -> StringCommand:
+        # a unit names a dir as an argument (--model-path DIR ...) or a path in it
+        referenced = ('for f in "$u"/*.service; do [ -f "$f" ] && awk -v d="$d" \'{ for (i = 1; i <= NF; i++) '
+                      'if ($i == d || index($i, d "/") == 1) found = 1 } END { exit !found }\' "$f" && '
+                      '{ echo "ref - $d"; break; }; done; ')
+        script = (
+            'r=$1; u=$2; l=${r%-revisions}; '
+            # the layout before revision dirs: the revision's files in the model dir itself
+            f'if [ "$l" != "$r" ] && [ -f "$l/{MODEL_MARKER}" ]; then d=$l; echo "legacy - $d"; {referenced}fi; '
+            '[ -d "$l.removing" ] && echo "removing - $l.removing"; '
+            '[ -d "$r" ] || exit 0; for d in "$r"/*/; do d=${d%/}; [ -d "$d" ] || continue; '
+            'case "$d" in *.removing) echo "removing - $d"; continue;; esac; '
+            f's=$(stat -c %Y "$d/{SWITCHED}" 2>/dev/null || echo -); echo "rev $s $d"; '
+            f'[ -f "$d/{MODEL_MARKER}" ] && printf "marker %s %s\\n" "$d" "$(tr -d "\\n" < "$d/{MODEL_MARKER}")"; '
+            f'{referenced}done; true'
+        )
+        return StringCommand("sh -c", QuoteString(script), "-", QuoteString(root.rstrip("/")), QuoteString(SYSTEMD_DIR))
+
+    def process(self, output: list[str]) -> Revisions:
+        switched: dict[str, int | None] = {}
+        markers: dict[str, dict[str, Any] | None] = {}
+        referenced, half_removed = set(), []
+        legacy = None
+        for line in output:
+            kind, rest = (line.split(" ", 1) + [""])[:2]
+            if kind == "marker":
+                path, _, text = rest.partition(" ")
+                try:
+                    markers[path] = json.loads(text)
+                except ValueError:
+                    markers[path] = None
+                continue
+            stamp, _, path = rest.partition(" ")
+            if kind == "rev" and path:
+                switched[path] = int(stamp) if stamp.isdigit() else None
+            elif kind == "ref" and path:
+                referenced.add(path)
+            elif kind == "removing" and path:
+                half_removed.append(path)
+            elif kind == "legacy" and path:
+                legacy = path
+        return Revisions(tuple(Revision(path, markers.get(path), at) for path, at in switched.items()),
+                         tuple(sorted(referenced)), tuple(half_removed), legacy)

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from core.paths import SYSTEMD_DIR
-
-SWITCHED = ".sgc-switched"  # touched in a venv right before a restart switches a unit to it
+from core.paths import SWITCHED, SYSTEMD_DIR
 
 
 @dataclass(frozen=True)

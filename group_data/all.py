@@ -12,6 +12,8 @@
 # --- model on disk
 model_dir = None          # absolute path on the host; None: /srv/models/<served_model_name>
 draft_dir = None          # the profile's draft model (speculative decoding), if any; None: <model_dir>-draft
+keep_revisions = 2        # model revisions kept in <model_dir>-revisions after a good restart (rollback points)
+model_update = "side-by-side"  # a new revision beside the serving one; "in-place": stop the server for it
 size_margin_gb = 50       # GB that must stay free on that disk after the download (>= 0)
 download_attempts = 5     # tries per download phase before giving up on a failing Hub (5xx, 429, stalls)
 download_backoff_s = 5.0  # first wait between those tries, doubling up to 60 s (or the Hub's Retry-After)

@@ -56,6 +56,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -144,6 +145,36 @@ def take_lock(local_dir: Path):
     return fh
 
 
+def kept_files(dirs: list[str], repo: str, revision: str) -> dict[tuple[str, int], Path]:
+    """(digest, size) -> the file of a kept revision that holds it verified (its marker says so and it is
+    on disk at that size); a dir that holds this very revision (a marker older than digests) also by
+    ("name:" + its name, size)."""
+    out: dict[tuple[str, int], Path] = {}
+    for root in map(Path, dirs):
+        try:
+            marker = json.loads((root / MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        sizes = marker.get("files") or {}
+        same = (marker.get("repo"), marker.get("revision")) == (repo, revision)
+        keys = [(digest, name) for name, digest in (marker.get("digests") or {}).items() if digest]
+        keys += [(f"name:{name}", name) for name in sizes] if same else []
+        for key, name in keys:
+            if isinstance(sizes.get(name), int) and local_size(root / name) == sizes[name]:
+                out.setdefault((key, sizes[name]), root / name)
+    return out
+
+
+def remove_revision(path: Path) -> None:
+    """Remove a kept revision's dir (renamed first: a dir half removed never looks like a revision)."""
+    if not path.is_dir():
+        return
+    gone = path.with_name(path.name + ".removing")
+    path.rename(gone)
+    shutil.rmtree(gone, ignore_errors=True)
+    log(f"removed {path} (model_update = in-place): its files shared with this revision stay, linked")
+
+
 def remove_leftovers(local_dir: Path) -> tuple[int, int]:
     """Remove the *.incomplete files a killed run left; (how many, their bytes)."""
     count = size = 0
@@ -181,6 +212,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-wait-s", type=float, default=300.0, help="longest wait, Retry-After included")
     parser.add_argument("--read-timeout", type=int, default=30,
                         help="seconds without a byte before a request counts as stalled (HF_HUB_DOWNLOAD_TIMEOUT)")
+    parser.add_argument("--link-from", action="append", default=[],
+                        help="a dir holding another revision verified (its marker): files with the same digest and "
+                        "size are hard-linked from there, not fetched (repeatable)")
+    parser.add_argument("--free-dir", action="append", default=[],
+                        help="model_update = in-place: a kept revision's dir removed after the links, before the "
+                        "disk check (the server reading it is stopped; repeatable)")
     parser.add_argument("--seed-from", help="user@host:/dir of a peer that holds the revision verified (peer_seed.py)")
     parser.add_argument("--seed-port", type=int, default=22)
     parser.add_argument("--seed-key", help="the ssh key for the peer (a root-only file)")
@@ -239,6 +276,7 @@ class Fetch:
         self.before: dict[str, int] = {}  # what was still to fetch when the download started
         self.need = 0
         self.seeded = Seeded(False)  # what the copy from a peer brought (--seed-from)
+        self.linked: dict[str, str] = {}  # files hard-linked from a kept revision: their (verified) digest
         self.started = time.monotonic()
 
     def retrying(self, what: str, call, tries: list | None = None):
@@ -257,6 +295,13 @@ class Fetch:
                 "list the files", lambda: remote_files(api, self.repo, self.revision, self.args.read_timeout))
             if self.local_dir.is_dir():
                 self.claim()
+            if self.args.link_from:
+                self.local_dir.mkdir(parents=True, exist_ok=True)
+                if self.lock is None:
+                    self.claim()
+                self.link_shared()
+            for path in self.args.free_dir:
+                remove_revision(Path(path))
             refused = self.disk_refusal()
             if refused:
                 return refused
@@ -281,6 +326,31 @@ class Fetch:
         if count:
             log(f"removed {plural(count, 'partial file')} ({size} bytes) that a killed earlier run left in "
                 f"{self.local_dir / DOWNLOAD_DIR}: those files are fetched again from zero")
+
+    def link_shared(self) -> None:
+        """Hard-link the files a kept revision holds verified with the same digest and size (stored once);
+        a link that fails (another filesystem) leaves the file to be fetched."""
+        stored = kept_files(self.args.link_from, self.repo, self.revision)
+        linked, nbytes, failed = 0, 0, []
+        for name, size in sorted(still_to_fetch(self.local_dir, self.expected).items()):
+            source = stored.get((self.digests.get(name) or "", size)) or stored.get((f"name:{name}", size))
+            if source is None:
+                continue
+            target = self.local_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.unlink(missing_ok=True)
+                os.link(source, target)
+            except OSError as err:
+                failed.append(f"{name}: {err.strerror or err}")
+                continue
+            if (self.digests.get(name) or "", size) in stored:  # verified there by this digest
+                self.linked[name] = self.digests[name] or ""
+            linked, nbytes = linked + 1, nbytes + size
+        if linked or failed:
+            log(f"linked {plural(linked, 'file')} ({nbytes} bytes) shared with a kept revision (verified there, "
+                f"the same digest): not fetched" + (f"; {len(failed)} could not be linked and are fetched: "
+                                                    f"{'; '.join(failed[:3])}" if failed else ""))
 
     def disk_refusal(self) -> int:
         """The disk check, on the host, before a byte is written: EXIT_DISK when the rest does not fit, else 0."""
@@ -392,7 +462,9 @@ class Fetch:
         """Hash every file the Hub gives a digest for; one that does not match is deleted and fetched again,
         then hashed again, at most --attempts rounds of hashing in all. (The digests verified, the problems.)"""
         wanted = {name: digest for name, digest in self.digests.items() if digest}
-        todo, verified = dict(wanted), {}
+        # a linked file is the kept revision's verified file itself (one inode): its digest holds
+        verified = {name: digest for name, digest in wanted.items() if self.linked.get(name) == digest}
+        todo = {name: digest for name, digest in wanted.items() if name not in verified}
         hashed_bytes, seconds = 0, 0.0
         for round_ in range(1, self.args.attempts + 1):
             hashed = hash_files(self.local_dir, todo, log)

@@ -80,7 +80,7 @@ def server_status(spec: Spec) -> HostStatus:
         row.serving = host.get_fact(HttpStatus, url=local_url(spec) + "/health") == 200
     else:  # ranks >= 1 serve no HTTP: they serve while their unit runs
         row.serving = unit.running
-    marker = host.get_fact(ModelDirState, path=spec.model_dir).marker or {}
+    marker = host.get_fact(ModelDirState, path=spec.model_path).marker or {}
     revision = marker.get("revision")
     row.revision = str(revision)[:12] if revision else "not downloaded"
     row.drift = _not_the_unit(restart_reasons(spec, render(spec), unit_state=unit), spec.unit_name)

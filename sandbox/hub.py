@@ -1208,8 +1208,13 @@ def main(argv: list[str] | None = None) -> int:
     for extra in args.extra_repo:
         name, _, directory = extra.partition("=")
         repo_id, _, commit = name.partition("@")
-        repos[repo_id] = scan(Path(directory), commit=commit or None)
-        print(f"serving {repo_id}@{repos[repo_id].commit} from {directory}", flush=True)
+        served = scan(Path(directory), commit=commit or None)
+        if repo_id in repos:  # another revision of a repo served already: both ("main" stays the first one's)
+            before = repos[repo_id] if isinstance(repos[repo_id], list) else [repos[repo_id]]
+            repos[repo_id] = [served, *before]
+        else:
+            repos[repo_id] = served
+        print(f"serving {repo_id}@{served.commit} from {directory}", flush=True)
 
     hub = HubServer(
         repos,

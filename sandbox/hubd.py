@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -47,18 +48,20 @@ def draft() -> dict:
 
 def other_profiles() -> list[dict]:
     """Every other sandbox profile whose repo the hub generates (models/sandbox-*.yaml, by repo)."""
-    main, seen, out = profile(), set(), []
-    seen.update({main["repo"], draft()["repo"]})
+    main, out = profile(), []
+    seen = {(main["repo"], main["revision"]), (draft()["repo"], draft()["revision"])}
     for path in sorted((REPO_ROOT / "models").glob("sandbox-*.yaml")):
         prof = yaml.safe_load(path.read_text())
-        if prof["repo"] not in seen:
-            seen.add(prof["repo"])
+        if (prof["repo"], prof["revision"]) not in seen:
+            seen.add((prof["repo"], prof["revision"]))
             out.append(prof)
     return out
 
 
 def _generate_profile(prof: dict, size_mb: int) -> Path:
     """The repo of a profile, generated once into MODEL_CACHE (by repo, revision and kind)."""
+    if prof["repo"] == profile()["repo"]:  # another revision of the default profile's repo
+        return _next_revision(prof, size_mb)
     quant = prof.get("quantization") or {}
     kind = "llama" if prof["attention"] == "mha" else quant.get("format", "dense")
     directory = MODEL_CACHE / f"{prof['repo'].replace('/', '--')}-{prof['revision'][:12]}-{kind}"
@@ -76,6 +79,29 @@ def _generate_profile(prof: dict, size_mb: int) -> Path:
         from sandbox import tinymodel
 
         tinymodel.generate(directory, size_mb, 3, kind, commit=prof["revision"], repo_name=prof["repo"])
+    done.write_text("ok\n")
+    return directory
+
+
+def _next_revision(prof: dict, size_mb: int) -> Path:
+    """A later revision of the default profile's repo (models/sandbox-tiny-next.yaml): its files, the
+    README changed (a model card edit), every other file byte for byte the same - what a revision
+    change that shares its weights looks like."""
+    main = profile()
+    base = MODEL_CACHE / f"{main['repo'].replace('/', '--')}-{main['revision'][:12]}-{size_mb}mb"
+    directory = MODEL_CACHE / f"{prof['repo'].replace('/', '--')}-{prof['revision'][:12]}-next-{size_mb}mb"
+    done = directory / ".sandbox-generated"
+    if done.is_file():
+        return directory
+    from sandbox import tinymodel
+
+    if not (base / "config.json").is_file():
+        tinymodel.generate(base, size_mb, 3, main["quantization"]["format"], commit=main["revision"],
+                           repo_name=main["repo"])
+    shutil.rmtree(directory, ignore_errors=True)
+    shutil.copytree(base, directory, ignore=shutil.ignore_patterns(".sandbox-generated", ".cache", ".git"))
+    with open(directory / "README.md", "a") as readme:
+        readme.write(f"\nRevision {prof['revision'][:12]}: the model card edited; the weights are unchanged.\n")
     done.write_text("ok\n")
     return directory
 

@@ -1,4 +1,14 @@
-"""Model: the pinned revision's weights in the model dir, checked and verified.
+"""Model: the pinned revision's weights in its own revision dir, checked and verified.
+
+Each revision has its own dir, ``<model_dir>-revisions/<revision[:12]>`` (``spec.model_path``), so a
+new revision is downloaded and verified beside the serving one, which the server keeps reading until
+the restart switches its unit over (core/model_revisions.py removes the revisions beyond
+``keep_revisions`` after a good restart). Files a kept revision holds with the same Hub digest and
+size (or any file of the same repo@revision, from a marker older than digests) are hard-linked from
+there, not fetched, and the disk check does not count them. When the rest does not fit beside the
+kept revisions, the step refuses with the numbers, unless ``model_update = "in-place"``: then the
+plan says the server stops, the download links what it can and removes the kept revisions
+(``--free-dir``), and the new revision is fetched into the room they leave.
 
 Facts: ``FreeBytes`` (facts/files.py) - free bytes on the filesystem that holds
 the model dir, measured at the nearest existing parent, so it works before the
@@ -32,7 +42,7 @@ killer). The next run removes the killed run's partial files, fetches only the
 files that were not complete, and says how many bytes that was.
 
 A profile with a draft model (speculative decoding) pins a second download: the
-draft, into its own dir (``spec.draft_dir``) with its own marker. The disk check
+draft, into its own revision dir (``spec.draft_path``, under ``draft_dir``) with its own marker. The disk check
 counts both together, and each download still missing runs in its dir's unit, in
 sequence (the model, then the draft; a failed one stops the step). The step
 succeeds only when both markers hold the wanted revisions; with both there it is
@@ -43,7 +53,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from io import StringIO
 from shlex import quote as _shell_quote
 
@@ -51,7 +61,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
 from core.disk import DiskNeed, HubError, Pin, disk_need, hf_token, model_complete, pins, shortfall
-from core.ops import fail_command, gb, plan, record_failure
+from core.ops import fail_command, gb, plan, record_failure, report
 from core.paths import (
     CONFIG_DIR,
     LEGACY_FETCH_UNIT,
@@ -83,7 +93,7 @@ EXIT_MEANINGS = {
 RUNNING = ("active", "activating", "deactivating", "reloading")
 UNIT_PROPS = "LoadState,ActiveState,Result,ExecMainCode,ExecMainStatus,InvocationID"
 # what the step shows of a successful run's journal: cleanup, retries (the script's and the library's), bytes, proof
-REPORTED = ("removed ", "attempt ", "huggingface_hub: ", "seed: copying", "seed: copied", "seed: the copy",
+REPORTED = ("removed ", "linked ", "attempt ", "huggingface_hub: ", "seed: copying", "seed: copied", "seed: the copy",
             "fetched ", "DIGEST MISMATCH:", "verified ")
 CAUSES = ("FAILED:", "VERIFY FAILED:", "REFUSED:")  # fetch_model's lines that say why it failed
 
@@ -321,7 +331,8 @@ def _until_converged(state, host, remote: _Remote, download: Download, started: 
 def _needs(todo: list[Pin], margin_bytes: int, endpoint: str | None,
            token: str | None) -> list[tuple[Pin, DiskNeed | None]]:
     """Each pinned download and what it still needs (None: on the host, verified). Raises HubError."""
-    return [(pin, disk_need(pin.repo, pin.revision, pin.local_dir, margin_bytes, endpoint, token)) for pin in todo]
+    return [(pin, disk_need(pin.repo, pin.revision, pin.local_dir, margin_bytes, endpoint, token, pin.root))
+            for pin in todo]
 
 
 def _in_place(pin: Pin) -> str:
@@ -329,7 +340,8 @@ def _in_place(pin: Pin) -> str:
 
 
 def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options: dict, token_file: str | None,
-                seed: SeedSource | None = None, owner: str = "sglang") -> str:
+                seed: SeedSource | None = None, owner: str = "sglang", need: DiskNeed | None = None,
+                in_place: bool = False) -> str:
     """fetch_model.py's command line for one download, shell-quoted; ``reserve``: bytes a later download of
     this run still needs on the same disk (fetch_model keeps them free too); ``seed``: a peer to copy from
     first, when it holds this revision (its key files are the server ``owner``'s)."""
@@ -338,6 +350,8 @@ def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options:
             "--backoff-s", str(options["backoff_s"]), "--read-timeout", str(options["read_timeout_s"])]
     if reserve:
         argv += ["--reserve-bytes", str(reserve)]
+    for path in need.link_from if need else ():
+        argv += ["--link-from", path] + (["--free-dir", path] if in_place else [])
     if options["endpoint"]:
         argv += ["--endpoint", options["endpoint"]]
     if token_file:
@@ -350,14 +364,16 @@ def _fetch_argv(python: str, pin: Pin, margin_bytes: int, reserve: int, options:
 
 
 def _downloads(python: str, todo: list[tuple[Pin, DiskNeed]], margin_bytes: int, options: dict,
-               token_file: str | None, seed: SeedSource | None = None, owner: str = "sglang") -> list[Download]:
+               token_file: str | None, seed: SeedSource | None = None, owner: str = "sglang",
+               in_place: bool = False) -> list[Download]:
     """One Download per missing revision, in order; each keeps what the later ones need on its disk free."""
     out = []
     seed_files = (seed_key_file(owner), seed_known_hosts_file(owner)) if seed else ()
     for i, (pin, need) in enumerate(todo):
         reserve = sum(later.need for _pin, later in todo[i + 1:] if later.mount == need.mount)
         out.append(Download(repo=pin.repo, revision=pin.revision, local_dir=pin.local_dir,
-                            argv=_fetch_argv(python, pin, margin_bytes, reserve, options, token_file, seed, owner),
+                            argv=_fetch_argv(python, pin, margin_bytes, reserve, options, token_file, seed, owner,
+                                             need, in_place),
                             need=need.need, expected=need.expected, token_file=token_file,
                             label="model: draft" if pin.what == "draft" else "model", last=i == len(todo) - 1,
                             seed_files=seed_files))
@@ -377,9 +393,10 @@ def _scripts_uploaded(owner: str):
 def _plan_downloads(todo: list[tuple[Pin, DiskNeed]], seed: SeedSource | None) -> None:
     for pin, need in todo:
         peer_dir = seed.dir_for(pin.repo, pin.revision) if seed else None
+        linked = f", {gb(need.linked)} shared with a kept revision hard-linked" if need.linked else ""
         plan(f"download {'draft ' if pin.what == 'draft' else ''}{pin.repo}@{pin.revision[:12]} into "
-             f"{pin.local_dir}: {gb(need.need)} of {gb(need.total)} ({need.files} files; {gb(need.free)} free "
-             f"at {need.where})" + (f", copied from the peer {seed.peer} ({peer_dir}) first, the rest from the Hub, "
+             f"{pin.local_dir}: {gb(need.need)} of {gb(need.total)} ({need.files} files{linked}; {gb(need.free)} "
+             f"free at {need.where})" + (f", copied from the peer {seed.peer} ({peer_dir}) first, the rest from the Hub, "
                                     f"all checked against the Hub's digests" if seed and peer_dir else ""))
 
 
@@ -388,6 +405,46 @@ def _seeded(seed: SeedSource | None, todo: list[tuple[Pin, DiskNeed]]) -> SeedSo
     if seed is None or not any(seed.dir_for(pin.repo, pin.revision) for pin, _need in todo):
         return None
     return seed
+
+
+def _disk_decision(needs: list[DiskNeed], model_update: str) -> tuple[str | None, str | None]:
+    """(why the downloads do not fit, or None; why they go in place, or None). In place only with
+    model_update = "in-place", when they fit once the kept revisions are removed."""
+    short = shortfall(needs)
+    if not short or model_update != "in-place" or not any(need.link_from for need in needs):
+        return short, None
+    freed = [replace(need, free=need.free + need.freeable) for need in needs]
+    still = shortfall(freed)
+    if still:
+        return f"{still} (even with the kept revisions removed: model_update = \"in-place\")", None
+    return None, short
+
+
+def _stopped_for_download(todo: list[tuple[Pin, DiskNeed]], why: str, stop_unit: str | None):
+    """model_update = "in-place": the server stops, its revision goes, the new one is downloaded."""
+    dirs = sorted({path for _pin, need in todo for path in need.link_from})
+    freed = sum(need.freeable for _pin, need in todo)
+    message = (f"model: in place (model_update = \"in-place\"): {why.split(': allowed')[0]}: stops "
+               f"{stop_unit or 'the server'} for the download and removes {', '.join(dirs)} after linking what "
+               f"the new revision shares (frees ~{gb(freed)}); the server is down until the restart, and a "
+               f"rollback to the removed revision downloads it again")
+    plan(message)
+    report(message)
+    if stop_unit:
+        yield StringCommand("systemctl stop", QuoteString(stop_unit))
+
+
+def _room_made(todo: list[tuple[Pin, DiskNeed]], model_update: str, stop_unit: str | None):
+    """Refuses when the downloads do not fit (returns None); with model_update = "in-place" and room once
+    the kept revisions go, stops the server first (returns True); else returns False."""
+    short, in_place = _disk_decision([need for _pin, need in todo], model_update)
+    if short:
+        plan(f"model: {short}")
+        yield fail_command(f"model: {short}")
+        return None
+    if in_place:
+        yield from _stopped_for_download(todo, in_place, stop_unit)
+    return bool(in_place)
 
 
 @operation()
@@ -407,6 +464,10 @@ def model_downloaded(
     draft_dir: str | None = None,
     seed: SeedSource | None = None,
     owner: str = "sglang",
+    root: str | None = None,
+    draft_root: str | None = None,
+    model_update: str = "side-by-side",
+    stop_unit: str | None = None,
 ):
     """
     Make ``local_dir`` hold exactly ``repo`` at ``revision``, verified (and
@@ -435,9 +496,9 @@ def model_downloaded(
                          margin_bytes=50 * 10**9, draft_repo="AQ-MedAI/Kimi-K26-eagle3",
                          draft_revision="<40 hex>", draft_dir="/srv/models/kimi-k2.6-draft")
     """
-    wanted = [Pin("model", repo, revision, local_dir)]
+    wanted = [Pin("model", repo, revision, local_dir, root)]
     if draft_repo and draft_revision and draft_dir:
-        wanted.append(Pin("draft", draft_repo, draft_revision, draft_dir))
+        wanted.append(Pin("draft", draft_repo, draft_revision, draft_dir, draft_root))
     try:
         needs = _needs(wanted, margin_bytes, endpoint, token)
     except HubError as err:
@@ -448,10 +509,8 @@ def model_downloaded(
     if not todo:
         host.noop("; ".join(_in_place(pin) for pin in wanted))
         return
-    short = shortfall([need for _pin, need in todo])
-    if short:
-        plan(f"model: {short}")
-        yield fail_command(f"model: {short}")
+    in_place = yield from _room_made(todo, model_update, stop_unit)
+    if in_place is None:
         return
     seed = _seeded(seed, todo)
     _plan_downloads(todo, seed)
@@ -467,7 +526,7 @@ def model_downloaded(
             yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(path))
             yield FileUploadCommand(StringIO(text), path)
     options = {"attempts": attempts, "backoff_s": backoff_s, "read_timeout_s": read_timeout_s, "endpoint": endpoint}
-    for download in _downloads(python, todo, margin_bytes, options, token_file, seed, owner):
+    for download in _downloads(python, todo, margin_bytes, options, token_file, seed, owner, in_place):
         yield FunctionCommand(_fetch, (download,), {})
 
 
@@ -479,7 +538,11 @@ def model(spec: Spec) -> None:
     model_downloaded(
         repo=spec.profile.repo,
         revision=spec.profile.revision,
-        local_dir=spec.model_dir,
+        local_dir=spec.model_path,
+        root=spec.model_dir,
+        draft_root=spec.draft_dir if draft else None,
+        model_update=spec.model_update,
+        stop_unit=spec.unit_name,
         python=spec.python_bin,
         margin_bytes=spec.margin_bytes,
         endpoint=spec.hf_endpoint,

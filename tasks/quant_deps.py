@@ -416,7 +416,7 @@ def compression_format_supported(spec: Spec):
 
         compression_format_supported(spec=spec)
     """
-    config = host.get_fact(ModelConfig, path=spec.model_dir)
+    config = host.get_fact(ModelConfig, path=spec.model_path)
     if config is None:
         token = spec.hf_token.get_secret_value() if spec.hf_token else None
         try:

@@ -22,6 +22,7 @@ from core.last_good import last_good_dir, last_good_stamp_path, last_good_writte
 from core.ops import plan, preparing
 from core.render import render
 from core.runstate import run_state
+from core.model_revisions import old_revisions_removed
 from core.server_envs import old_envs_removed
 from core.server import local_url, restarted_this_run, wait_command
 from core.stamps import read_stamp, restart_reasons, stamp_path
@@ -139,6 +140,7 @@ def readiness(spec: Spec) -> None:
     server_ready(spec=spec, name=f"{spec.unit_name} ready")
     last_good_recorded(spec=spec, name="last good configuration kept")
     old_envs_removed(spec=spec, name="old venvs removed")
+    old_revisions_removed(spec=spec, name="old model revisions removed")
 
 
 @deploy("Time to ready")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from packaging.version import Version
 from pydantic import SecretStr, StrictBool, StrictStr, model_validator
 
-from core.paths import CONFIG_DIR, GB, MODELS_ROOT, REMOTE_DIR, SYSTEMD_DIR
+from core.paths import CONFIG_DIR, GB, MODELS_ROOT, REMOTE_DIR, SYSTEMD_DIR, revisions_root
 from tasks.spec.errors import SpecError, spec_lines
 from tasks.spec.fields import PositiveInt, abs_path
 from tasks.spec.profile import DraftModel, ModelProfile
@@ -279,6 +279,31 @@ class Spec(_UnitFiles, HostSettings):
         restart switches the unit to it; the serving one is never changed)."""
         return f"{self.envs_dir}/{self.env_digest}"
 
+    # -- model revisions side by side: one dir per revision, files shared between them hard-linked
+
+    @property
+    def revisions_dir(self) -> str:
+        """Where the model's revisions live, one dir each: MODEL_DIR-revisions/<revision[:12]>."""
+        return revisions_root(self.model_dir)
+
+    @property
+    def model_path(self) -> str:
+        """The dir the server reads the pinned revision from (downloaded and verified beside the
+        serving revision; the restart switches the unit to it)."""
+        return f"{self.revisions_dir}/{self.profile.revision[:12]}"
+
+    @property
+    def draft_revisions_dir(self) -> str | None:
+        return revisions_root(self.draft_dir) if self.draft_dir is not None else None
+
+    @property
+    def draft_path(self) -> str | None:
+        """The dir the server reads the draft model's pinned revision from (None: no draft)."""
+        draft = self.draft
+        if draft is None or self.draft_dir is None:
+            return None
+        return f"{revisions_root(self.draft_dir)}/{draft.revision[:12]}"
+
     @property
     def options_path(self) -> str:
         """SGLang --config YAML (0600, holds the API key)."""
@@ -312,12 +337,12 @@ class Spec(_UnitFiles, HostSettings):
     @property
     def speculative_argv(self) -> list[str]:
         """SGLang 0.5.23's flags for the profile's draft ([] without one): the draft is read from draft_dir."""
-        draft = self.profile.draft
-        if draft is None or self.draft_dir is None:
+        draft, draft_path = self.profile.draft, self.draft_path
+        if draft is None or draft_path is None:
             return []
         return [
             "--speculative-algorithm", draft.algorithm,
-            "--speculative-draft-model-path", self.draft_dir,
+            "--speculative-draft-model-path", draft_path,
             "--speculative-num-steps", str(draft.num_steps),
             "--speculative-eagle-topk", str(draft.eagle_topk),
             "--speculative-num-draft-tokens", str(draft.num_draft_tokens),
@@ -360,7 +385,7 @@ class Spec(_UnitFiles, HostSettings):
         argv = [
             self.python_bin,
             SERVER_LAUNCHER, self.server_module,
-            "--model-path", self.model_dir,
+            "--model-path", self.model_path,
             "--served-model-name", self.served_model_name,
             "--tp-size", str(self.tp_size),
         ]  # fmt: skip

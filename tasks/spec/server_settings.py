@@ -114,6 +114,14 @@ class HostSettings(CommonSettings):
         "at least two levels below /, not directly under a system directory); unset: <model_dir>-draft",
     )
     size_margin_gb: Number = Field(50.0, ge=0, description="GB kept free on the model's disk, a number >= 0")
+    keep_revisions: int = Field(2, ge=1, le=10, description="model revisions kept in <model_dir>-revisions after "
+                                "a good restart (the serving one and the newest others: rollback points), an "
+                                "integer 1..10")
+    model_update: Literal["side-by-side", "in-place"] = Field(
+        "side-by-side", description="a new model revision is downloaded beside the serving one "
+        "('side-by-side', the default: a run refuses when the disk cannot hold both) or, with 'in-place', "
+        "the server is stopped, the old revision's files not shared with the new one are removed and the new "
+        "one is downloaded while the server is down")
     download_attempts: int = Field(5, ge=1, le=50, description="tries per phase of the download before it "
                                    "gives up on a Hub that fails transiently (5xx, 429, stalls), an integer 1..50")
     download_backoff_s: Number = Field(5.0, gt=0, le=600, description="first wait between download attempts, "

@@ -44,7 +44,9 @@ pytestmark = pytest.mark.sandbox
 
 INDEX = 220
 STEPS = "preflight,python_env,model"
-FETCH_UNIT = fetch_unit_name(f"/srv/models/{hubd.profile()['served_model_name']}")  # the bed's model dir's unit
+# the pinned revision's own dir (beside other revisions, under <model_dir>-revisions) and its download unit
+MODEL_PATH = f"/srv/models/{hubd.profile()['served_model_name']}-revisions/{hubd.profile()['revision'][:12]}"
+FETCH_UNIT = fetch_unit_name(MODEL_PATH)
 VENV = "/opt/sglang/venv-envs"  # where group_data/all.py's venv_path builds the server's venvs
 MISSING = "fedcba9876543210fedcba9876543210fedcba98"  # a revision the Hub does not have
 FETCHED_RE = re.compile(r"model: fetched (\d+) bytes of files \((\d+) bytes in all\)")
@@ -58,7 +60,7 @@ class Bed:
     model: ModelInfo
     repo: str
     revision: str
-    model_dir: str
+    model_dir: str  # the revision's dir the server reads
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -76,7 +78,7 @@ def bed(tmp_path_factory) -> Iterator[Bed]:
         model = generate(tmp_path_factory.mktemp("hub") / "model", 40, 3, prof["quantization"]["format"],
                          repo_name=prof["repo"], commit=prof["revision"])
         with HubServer({prof["repo"]: model}, [hubd.HUB_ADDRESS]) as hub:
-            yield Bed(host, hub, model, prof["repo"], prof["revision"], f"/srv/models/{prof['served_model_name']}")
+            yield Bed(host, hub, model, prof["repo"], prof["revision"], MODEL_PATH)
     finally:
         remove_host(host)
         print("\ntest_download_faults figures: " + ", ".join(f"{k} {v:.1f}" for k, v in FIGURES.items()))

@@ -44,7 +44,8 @@ INDEX = int(os.environ.get("SGC_FAULTS_HOST_INDEX", "270"))  # this module's ran
 STEPS = "preflight,python_env,model"
 MARKER = ".sglang-converge.json"  # core.paths.MODEL_MARKER
 MODELS_ROOT = "/srv/models"
-FETCH_UNIT = fetch_unit_name(f"{MODELS_ROOT}/{hubd.profile()['served_model_name']}")  # the bed's model dir's unit
+FETCH_UNIT = fetch_unit_name(  # the bed's revision dir's download unit
+    f"{MODELS_ROOT}/{hubd.profile()['served_model_name']}-revisions/{hubd.profile()['revision'][:12]}")
 TOKEN_FILE = token_file("sglang")  # the default unit's (sglang.service) token file
 # the download's retry settings for these runs (download_* in group_data/all.py; defaults 5, 5 s, 30 s):
 # 5 attempts per phase, 1 s after the first failure, doubling; huggingface_hub's read timeout 10 s
@@ -64,7 +65,7 @@ class Bed:
     model: ModelInfo
     repo: str
     revision: str
-    model_dir: str
+    model_dir: str  # the pinned revision's own dir (<model_dir>-revisions/<revision[:12]>)
     runs: list[tuple[str, float, int]] = field(default_factory=list)  # (what, seconds, rc)
 
     @property
@@ -97,7 +98,8 @@ def bed(tmp_path_factory) -> Iterator[Bed]:
         model = generate(tmp_path_factory.mktemp("hub") / "model", 40, 3, prof["quantization"]["format"],
                          repo_name=prof["repo"], commit=prof["revision"])
         with HubServer({prof["repo"]: model}, [hubd.HUB_ADDRESS]) as hub:
-            bed = Bed(host, hub, model, prof["repo"], prof["revision"], f"{MODELS_ROOT}/{prof['served_model_name']}")
+            bed = Bed(host, hub, model, prof["repo"], prof["revision"],
+                      f"{MODELS_ROOT}/{prof['served_model_name']}-revisions/{prof['revision'][:12]}")  # the revision's dir
             host.run(f"rm -rf {shlex.quote(bed.model_dir)}")  # a kept host (SGC_FAULTS_KEEP_HOST) starts over too
             t0 = time.monotonic()
             first = deploy(bed, "converge (no faults)")

@@ -85,13 +85,13 @@ def test_dry_run_plans_the_whole_fix_and_changes_nothing(incident):
     venv = venv.group(0)
     assert f"plan: create venv {venv} with /usr/bin/python3" in out, out
     assert f"plan: bootstrap pip in the new venv {venv} (ensurepip, else the uploaded pip wheel)" in out, out
-    assert "plan: download sandbox/tiny-kimi-int4@0123456789ab into /srv/models/tiny: 0.040 GB" in out
+    assert "plan: download sandbox/tiny-kimi-int4@0123456789ab into /srv/models/tiny-revisions/0123456789ab: 0.040 GB" in out
     # the new venv holds no sglang yet: what it requires is read when the step runs, and the plan says so
     assert (f"plan: quant deps: sglang is not installed in {venv} yet (python_env installs sglang==0.5.23): what it "
             "requires of compressed-tensors") in out
     assert "(python3 of embedder.service) holds 56320 MiB on GPU 0 -> systemctl stop embedder.service" in out
     assert (f"+ExecStart={venv}/bin/python /usr/local/lib/sglang-converge/server_launch.py sglang_standin "
-            "--model-path /srv/models/tiny") in out
+            "--model-path /srv/models/tiny-revisions/0123456789ab") in out
     assert "plan: start sglang.service" in out
     assert incident.run("ls -A /srv/models").stdout.strip() == ""
     assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "active"
@@ -120,10 +120,10 @@ def test_run2_converges_the_incident_host(incident):
     assert "uv =" in incident.run(f"cat {LEGACY}/pyvenv.cfg").stdout
     assert incident.run(f"{LEGACY}/bin/python -m pip --version", check=False).returncode != 0
     assert installed(incident, "compressed-tensors", "sglang") == ["0.8.1", "0.5.23"]
-    config = json.loads(incident.run("cat /srv/models/tiny/config.json").stdout)["quantization_config"]
+    config = json.loads(incident.run("cat /srv/models/tiny-revisions/0123456789ab/config.json").stdout)["quantization_config"]
     assert (config["format"], config["config_groups"]["group_0"]["weights"]["group_size"]) == ("pack-quantized", 32)
     assert incident.run(f"{venv}/bin/python -c 'import torch; print(torch.__version__)'").stdout.strip() == "2.13.0+cpu"
-    marker = json.loads(incident.run("cat /srv/models/tiny/.sglang-converge.json").stdout)
+    marker = json.loads(incident.run("cat /srv/models/tiny-revisions/0123456789ab/.sglang-converge.json").stdout)
     assert marker["revision"] == "0123456789abcdef0123456789abcdef01234567"
     assert incident.run("find /srv/models -name '*.incomplete'").stdout.strip() == ""
     assert incident.run("systemctl is-active embedder.service", check=False).stdout.strip() == "inactive"

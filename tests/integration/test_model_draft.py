@@ -24,7 +24,8 @@ from tests.integration.helpers import timed as timed_run
 pytestmark = pytest.mark.sandbox
 
 MODEL = ("--data", "model=sandbox-tiny-eagle3")
-MODEL_DIR, DRAFT_DIR = "/srv/models/tiny", "/srv/models/tiny-draft"
+# the pinned revisions' own dirs (<model_dir>-revisions/<revision[:12]>), what the server reads
+MODEL_DIR, DRAFT_DIR = "/srv/models/tiny-revisions/0123456789ab", "/srv/models/tiny-draft-revisions/e3a6e3a6e3a6"
 MARKER = ".sglang-converge.json"
 LAST_GOOD_SPEED = "/var/lib/sglang-converge/last-good/sglang/speed.json"
 TIMINGS: dict[str, float] = {}

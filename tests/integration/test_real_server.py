@@ -66,7 +66,7 @@ def test_the_real_server_is_what_serves_and_it_answers_a_chat_request(real):
     assert speed and float(speed.group(1)) > 0 and float(speed.group(2)) > 0, out[-4000:]
     print(f"\nreal server decode: concurrency 1 {speed.group(1)} tok/s, concurrency 4 {speed.group(2)} tok/s")
     unit = real.run("cat /etc/systemd/system/sglang.service").stdout
-    assert "server_launch.py sglang.launch_server --model-path /srv/models/tiny-llama" in unit, unit
+    assert "server_launch.py sglang.launch_server --model-path /srv/models/tiny-llama-revisions/" in unit, unit
     log = journal(real)
     assert "The server is fired up and ready to roll!" in log  # SGLang's own ready line
     assert "Load weight end. elapsed=" in log and "type=LlamaForCausalLM" in log, log[-3000:]

@@ -62,16 +62,16 @@ def test_the_fleet_took_the_model_from_the_hub_once_and_the_rest_from_the_canary
         address = f"10.77.{name[3:]}.2"
         return after.get(address, {}).get("file_bytes", 0) - before.get(address, {}).get("file_bytes", 0)
 
-    marker = json.loads(hosts["sgc11"].run("cat /srv/models/tiny/.sglang-converge.json").stdout)
+    marker = json.loads(hosts["sgc11"].run("cat /srv/models/tiny-revisions/0123456789ab/.sglang-converge.json").stdout)
     model_bytes = sum(marker["files"].values())
     assert file_bytes("sgc11") == model_bytes, (file_bytes("sgc11"), model_bytes)
     assert [file_bytes(name) for name in ("sgc12", "sgc13", "sgc14")] == [0, 0, 0]
     for name in ("sgc12", "sgc13", "sgc14"):
         host = hosts[name]
-        journal = host.run(f"journalctl -u {fetch_unit_name('/srv/models/tiny')} -o cat --no-pager").stdout
+        journal = host.run(f"journalctl -u {fetch_unit_name('/srv/models/tiny-revisions/0123456789ab')} -o cat --no-pager").stdout
         assert re.search(rf"seed: copied \d+ files, {model_bytes} bytes from the peer", journal), journal[-3000:]
         assert "verified" in journal and "by digest" in journal
-        theirs = json.loads(host.run("cat /srv/models/tiny/.sglang-converge.json").stdout)
+        theirs = json.loads(host.run("cat /srv/models/tiny-revisions/0123456789ab/.sglang-converge.json").stdout)
         assert theirs["digests"] == marker["digests"] and theirs["revision"] == marker["revision"]
         assert host.run("ls /etc/sglang/*seed-key /etc/sglang/*seed-known-hosts", check=False).returncode != 0
     # the peer's key for this rollout is gone (and was there: the copy needed it)

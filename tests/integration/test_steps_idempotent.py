@@ -34,7 +34,8 @@ FIRST_RUN_SAYS = {
 # how many operations the first run of each step changes: preflight only checks;
 # readiness waits (1) only if the server the service step started is still loading
 MANY = range(1, 1000)
-FETCH_UNIT = fetch_unit_name(f"/srv/models/{hubd.profile()['served_model_name']}")  # the model dir's download unit
+# the pinned revision's own dir's download unit (<model_dir>-revisions/<revision[:12]>)
+FETCH_UNIT = fetch_unit_name(f"/srv/models/{hubd.profile()['served_model_name']}-revisions/{hubd.profile()['revision'][:12]}")
 FIRST_RUN_CHANGES = {"preflight": range(0, 1), "python_env": MANY, "model": MANY, "quant_deps": MANY,
                      "stale_gpu": MANY, "service": MANY, "readiness": range(1, 3),  # (wait +) last good kept
                      "gpu_balance": range(0, 1)}  # a check: changes nothing

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.sandbox
 
 INDEX = 240
 INVENTORY = "inventory/sandbox_two.py"
-MODEL_DIR = "/srv/models/tiny"  # group_data/sandbox.py's model, shared by both
+MODEL_DIR = "/srv/models/tiny-revisions/0123456789ab"  # the pinned revision of group_data/sandbox.py's model, shared by both
 SERVERS = {"a": ("sglang-a.service", 30000, [0, 1, 2, 3]), "b": ("sglang-b.service", 30001, [4, 5, 6, 7])}
 
 

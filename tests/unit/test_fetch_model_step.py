@@ -25,7 +25,7 @@ from facts.model_dir import ModelDir
 from sandbox.hub import HubServer
 from sandbox.tinymodel import generate
 from tasks import model
-from tests.unit.test_step_operations import EMPTY_DIR, disk, failure, model_kwargs, sandbox_spec
+from tests.unit.test_step_operations import EMPTY_DIR, at_revision_dirs, disk, failure, model_kwargs, sandbox_spec
 
 REPO = "sandbox/tiny-step"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -334,7 +334,7 @@ def test_preflight_and_the_model_step_refuse_a_missing_revision_before_any_chang
     spec = spec.model_copy(update={"profile": spec.profile.model_copy(update={"repo": REPO, "revision": missing})})
     facts = {"model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(10**9)}
     state = FakeState()
-    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)):
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=at_revision_dirs(facts, spec))):
         problem = disk_check.disk_shortfall(spec)
     line = f"{REPO}@fedcba987654: revision {missing} not found on the Hub ({hub.url()}, HTTP 404): pin a commit"
     assert problem is not None and problem.startswith(line), problem
@@ -342,7 +342,7 @@ def test_preflight_and_the_model_step_refuse_a_missing_revision_before_any_chang
     assert failure(commands).startswith(f"model: {line}")
     # positive control: the revision that exists passes both
     real = spec.model_copy(update={"profile": spec.profile.model_copy(update={"revision": tiny.commit})})
-    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)):
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=at_revision_dirs(facts, real))):
         assert disk_check.disk_shortfall(real) is None
     assert _run_op(model.model_downloaded, facts, **model_kwargs(real))[-1].function.__name__ == "_fetch"
 

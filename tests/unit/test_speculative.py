@@ -38,14 +38,16 @@ from tests.unit.test_fetch_model import fetch as run_fetch_model
 from tests.unit.test_fetch_model_step import COMPLETE, GONE, RUNNING, ScriptedHost
 from tests.unit.test_sglang_standin import (READY, SGLANG_VENV_PY, Bed, assert_failed_like_sglang, free_port, http,
                                             venv_python)
-from tests.unit.test_step_operations import at_server_venv, HUB_FILES, REVISION, failure, gpus, run, sandbox_spec
+from tests.unit.test_step_operations import at_revision_dirs, at_server_venv, HUB_FILES, REVISION, failure, gpus, run, sandbox_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFT_REPO = "sandbox/tiny-kimi-eagle3"
 DRAFT_REVISION = "e3a6e3a6e3a6e3a6e3a6e3a6e3a6e3a6e3a6e3a6"
 DRAFT_FILES = {"config.json": 700, "model.safetensors": 7_000_000}
 MODEL_DIR, DRAFT_DIR = "/srv/models/tiny", "/srv/models/tiny-draft"
-FLAGS = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT_DIR,
+# the pinned revisions' own dirs (side by side with other revisions), what the server reads
+MODEL_PATH, DRAFT_PATH = f"{MODEL_DIR}-revisions/{REVISION[:12]}", f"{DRAFT_DIR}-revisions/{DRAFT_REVISION[:12]}"
+FLAGS = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT_PATH,
          "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 SETTINGS = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": 4}
@@ -203,7 +205,7 @@ def test_sglangs_own_parser_accepts_the_flags_the_spec_emits(tmp_path):
     proc = sglang_parse(argv, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert parsed == {**SETTINGS, "speculative_draft_model_path": DRAFT_DIR, "model_path": MODEL_DIR, "tp_size": 8}
+    assert parsed == {**SETTINGS, "speculative_draft_model_path": DRAFT_PATH, "model_path": MODEL_PATH, "tp_size": 8}
     # positive control: the parser does refuse a flag it does not know
     wrong = [arg.replace("--speculative-eagle-topk", "--speculative-eagle-top-k") for arg in argv]
     refused = sglang_parse(wrong, tmp_path)
@@ -259,7 +261,7 @@ def test_one_disk_check_counts_model_and_draft_together_before_anything_changes(
 
 def preflight_disk(facts: dict) -> str | None:
     state = FakeState()
-    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)), \
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=at_revision_dirs(facts, eagle3_spec()))), \
             patch.object(disk_check, "hub_files", side_effect=hub_answer):
         return disk_check.disk_shortfall(eagle3_spec())
 
@@ -365,7 +367,7 @@ def test_the_hub_cli_serves_the_model_and_the_draft(tmp_path):
         served = json.loads(ready.read_text())
         assert served["draft"]["repo"] == DRAFT_REPO and served["draft"]["commit"] == DRAFT_REVISION
         files = disk_check._ask_hub(DRAFT_REPO, DRAFT_REVISION, served["url"], None)
-        assert set(files) == {".gitattributes", "README.md", "config.json", "model.safetensors"}
+        assert set(files.sizes) == {".gitattributes", "README.md", "config.json", "model.safetensors"}
     finally:
         proc.send_signal(signal.SIGTERM)  # the hub this test started, by its own Popen
         proc.wait(timeout=15)
@@ -378,7 +380,7 @@ def test_the_memory_fit_counts_the_draft_whole_on_every_gpu():
     spec = eagle3_spec().resolve("12.0", True)
     facts = {"model_dir.ModelDirState": dirs(), "model_dir.ModelConfig": {f"path={MODEL_DIR}": None}}
     state = FakeState()
-    with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts)), \
+    with ctx_state.use(state), ctx_host.use(create_host(state, facts=at_revision_dirs(facts, spec))), \
             patch.object(disk_check, "hub_files", side_effect=hub_answer), \
             patch.object(memory_fit, "hub_config", side_effect=OSError("offline")):
         fit, notes = memory_fit.memory_fit(spec, gpus())
@@ -447,7 +449,7 @@ def bed(tmp_path):
 
 
 def draft_args(bed, draft: Path, port: int) -> list[str]:
-    flags = [str(draft) if arg == DRAFT_DIR else arg for arg in FLAGS]
+    flags = [str(draft) if arg == DRAFT_PATH else arg for arg in FLAGS]
     return ["--model-path", str(bed.model), "--tp-size", "2", "--host", "127.0.0.1", "--port", str(port), *flags]
 
 

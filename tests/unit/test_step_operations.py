@@ -18,12 +18,12 @@ from pyinfra_testing.util import FakeState, create_host
 from facts.server_envs import EnvsDir
 from facts.compressed_tensors import CompressedTensors
 from facts.gpu import Gpu
-from facts.model_dir import ModelDir
+from facts.model_dir import ModelDir, Revisions
 from facts.ports import PortHolder
 from facts.systemd import UnitState
 from core import checks, disk as disk_check, venv_ops
 from core.render import packages_digest, render, systemd_quote
-from core.paths import CACHE_DIR
+from core.paths import CACHE_DIR, revisions_root
 from core.runstate import run_state
 from core.stamps import restart_reasons, stamp_path
 from tasks import model, preflight, quant_deps, service
@@ -54,8 +54,32 @@ SERVER_VENV = "/opt/sglang/venv"  # how the tests' facts name the server's venv:
 def at_server_venv(facts: dict, spec) -> dict:
     """``facts`` with every fact argument naming SERVER_VENV (or a path in it) naming ``spec.server_venv``."""
     pattern = re.compile(rf"{re.escape(SERVER_VENV)}(?=/|,|$)")
-    return {fact: {pattern.sub(spec.server_venv, key): value for key, value in by_args.items()}
-            if isinstance(by_args, dict) else by_args for fact, by_args in facts.items()}
+    moved = {fact: {pattern.sub(spec.server_venv, key): value for key, value in by_args.items()}
+             if isinstance(by_args, dict) else by_args for fact, by_args in facts.items()}
+    return at_revision_dirs(moved, spec)
+
+
+def at_revision_dirs(facts: dict, spec) -> dict:
+    """``facts`` with the model dir's (and draft dir's) path facts naming the pinned revision's dir
+    (spec.model_path: the model dirs hold no revision of the old layout), and no other revision kept."""
+    dirs = [(spec.model_dir, spec.model_path)]
+    if spec.draft_path is not None:
+        dirs.append((spec.draft_dir, spec.draft_path))
+    out = {}
+    for fact, by_args in facts.items():
+        if isinstance(by_args, dict) and fact in ("model_dir.ModelDirState", "model_dir.ModelConfig",
+                                                   "files.FreeBytes", "model_dir.SafetensorsIndex"):
+            by_args = dict(by_args)
+            for old, new in dirs:
+                if f"path={old}" in by_args and f"path={new}" not in by_args:
+                    by_args[f"path={new}"] = by_args.pop(f"path={old}")
+        out[fact] = by_args
+    states = out.setdefault("model_dir.ModelDirState", {})
+    revisions = out.setdefault("model_dir.ModelRevisions", {})
+    for old, _new in dirs:
+        states.setdefault(f"path={old}", ModelDir(marker=None, files={}, partial_bytes=0))
+        revisions.setdefault(f"root={revisions_root(old)}", Revisions((), ()))
+    return out
 
 
 def run(op, facts, _hub=None, **kwargs):
