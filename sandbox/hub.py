@@ -1272,7 +1272,9 @@ def main(argv: list[str] | None = None) -> int:
             print(u)
         sys.stdout.flush()
         if args.ready_file:
-            args.ready_file.write_text(
+            # Written aside and renamed: whoever waits for the file to exist must never read half of it.
+            partial = args.ready_file.with_name(args.ready_file.name + ".partial")
+            partial.write_text(
                 json.dumps(
                     {
                         "url": hub.url(),
@@ -1288,6 +1290,7 @@ def main(argv: list[str] | None = None) -> int:
                     indent=2,
                 )
             )
+            partial.replace(args.ready_file)
         stop.wait()
     print(f"served {hub.request_count} requests, {hub.bytes_served} bytes", flush=True)
     if tmp is not None:
