@@ -13,10 +13,11 @@ files back, restarts the unit, waits until it serves again, and still fails
 the run, with ``rolled back: <cause>``: the operator's change did not go in.
 Packages come back with the files: each package set has its own venv
 (core/server_envs.py) and the unit file names it, so the kept unit runs the
-kept packages as long as that venv is kept (``keep_envs``). When it is gone,
-or the model revision differs from the last good one, the files alone would
-not bring that configuration back, so nothing is rolled back and the run says
-why.
+kept packages as long as that venv is kept (``keep_envs``). The model revision
+comes back the same way: each revision has its own dir (core/model_revisions.py),
+named by the kept unit, kept for ``keep_revisions``. When the venv or the
+revision dir is gone, the files alone would not bring that configuration back,
+so nothing is rolled back and the run says why.
 
     FunctionCommand(ready_or_rolled_back, (wait_command, timeout, spec), {})
 
@@ -35,6 +36,7 @@ from pyinfra import host as current_host, logger
 from pyinfra.api import QuoteString, StringCommand
 
 from core.changes import changing
+from core.disk import model_complete
 from core.fingerprint import LaunchPlan, fingerprint_path
 from core.gates import gates_pass
 from core.ops import read_host_json, read_host_text, stream
@@ -45,6 +47,7 @@ from core.runstate import Failure, run_state
 from core.stamps import package_changes, pending_stamp_path, read_stamp, stamp_path
 from core.render import packages_digest
 from facts.files import FileText
+from facts.model_dir import ModelDirState
 from facts.venv import VenvPackages
 
 if TYPE_CHECKING:
@@ -119,18 +122,20 @@ def why_not_rolled_back(spec: Spec, last_good: dict[str, Any], current: dict[str
                 "configuration serves)")
     if same_files(last_good, current):
         return "the configuration that failed is the last good one (its files did not change)"
-    return not_by_files_alone(last_good, current, packages_of or venv_packages, spec.venv_path)
+    return not_by_files_alone(last_good, current, packages_of or venv_packages, spec.venv_path, revision_held)
 
 
 def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any],
                        venv_packages: Callable[[str], dict[str, str]] | None = None,
-                       legacy_venv: str | None = None) -> str | None:
+                       legacy_venv: str | None = None,
+                       revision_held: Callable[[str, str], bool] | None = None) -> str | None:
     """Why a kept configuration's files alone would not bring it back (None: they would).
 
     Its packages come back with its unit file when the venv that unit runs from is still there
     as it served (core/server_envs.py keeps it): ``venv_packages(path)`` reads a venv's packages
     ({} when there is none). A stamp from before venvs by content names no venv: it ran from
-    ``legacy_venv`` (the venv_path setting)."""
+    ``legacy_venv`` (the venv_path setting). Its model revision comes back with it when the revision
+    dir its unit names still holds that revision: ``revision_held(path, revision)`` reads it."""
     if last_good.get("packages") != current.get("packages"):
         venv = last_good.get("venv") or legacy_venv
         found = venv_packages(venv) if venv and venv_packages else None
@@ -139,11 +144,26 @@ def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any],
             where = ("" if found is None else f" and its venv {venv} is gone" if not found
                      else f" and its venv {venv} no longer holds them")
             return f"the venv's packages changed since it served{changes or ' (the package list)'}{where}: " + ALONE
-    for key, what in (("model_revision", "the model revision"), ("draft_revision", "the draft model's revision")):
-        if last_good.get(key) != current.get(key):
-            return (f"{what} changed since it served ({str(last_good.get(key))[:12]} -> "
-                    f"{str(current.get(key))[:12]}): " + ALONE)
+    for key, path_key, what in (("model_revision", "model_path", "the model revision"),
+                                ("draft_revision", "draft_path", "the draft model's revision")):
+        if last_good.get(key) == current.get(key):
+            continue
+        # revisions side by side (core/model_revisions.py): the kept unit names its revision's own dir
+        path = last_good.get(path_key)
+        if path and revision_held and last_good.get(key) and revision_held(path, last_good[key]):
+            continue
+        where = (f" and {path} no longer holds it (keep_revisions)" if path and revision_held and last_good.get(key)
+                 else "")
+        return (f"{what} changed since it served ({str(last_good.get(key))[:12]} -> "
+                f"{str(current.get(key))[:12]}){where}: " + ALONE)
     return None
+
+
+def revision_held(path: str, revision: str) -> bool:
+    """A model dir holds this revision, complete (its marker's files at their sizes), on the current host now."""
+    state = current_host.get_fact(ModelDirState, path=path)
+    marker = state.marker or {}
+    return bool(marker) and model_complete(state, str(marker.get("repo")), revision)
 
 
 def venv_packages(path: str) -> dict[str, str]:
@@ -221,7 +241,7 @@ def rollback_source(spec: Spec) -> tuple[str | None, str]:
     for kept_dir in (last_good_dir(spec), previous_good_dir(spec)):
         kept = read_stamp(f"{kept_dir}/stamp.json")
         if kept and not same_files(kept, current):
-            why_not = not_by_files_alone(kept, current, venv_packages, spec.venv_path)
+            why_not = not_by_files_alone(kept, current, venv_packages, spec.venv_path, revision_held)
             if why_not:
                 return None, f"the kept configuration in {kept_dir} cannot be put back: {why_not}"
             recorded = (current_host.get_fact(FileText, path=f"{kept_dir}/recorded_at") or "?").strip()

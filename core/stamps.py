@@ -133,9 +133,11 @@ def wanted_stamp(spec: Spec, rendered: Rendered) -> dict[str, Any]:
         "package_versions": packages,
         "model_revision": marker.get("revision"),
         "venv": spec.server_venv,  # the venv it runs from (a rollback needs it still there)
+        "model_path": spec.model_path,  # the revision's own dir, likewise (the unit's digest covers a change)
     }
     if spec.draft_path is not None:  # only with a draft: the stamps of servers without one stay as they were
         wanted["draft_revision"] = (host.get_fact(ModelDirState, path=spec.draft_path).marker or {}).get("revision")
+        wanted["draft_path"] = spec.draft_path
     return wanted
 
 

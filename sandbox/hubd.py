@@ -90,7 +90,7 @@ def _next_revision(prof: dict, size_mb: int) -> Path:
     main = profile()
     base = MODEL_CACHE / f"{main['repo'].replace('/', '--')}-{main['revision'][:12]}-{size_mb}mb"
     directory = MODEL_CACHE / f"{prof['repo'].replace('/', '--')}-{prof['revision'][:12]}-next-{size_mb}mb"
-    done = directory / ".sandbox-generated"
+    done = directory.with_name(directory.name + ".done")  # beside it: the Hub serves every file in it
     if done.is_file():
         return directory
     from sandbox import tinymodel
@@ -99,6 +99,7 @@ def _next_revision(prof: dict, size_mb: int) -> Path:
         tinymodel.generate(base, size_mb, 3, main["quantization"]["format"], commit=main["revision"],
                            repo_name=main["repo"])
     shutil.rmtree(directory, ignore_errors=True)
+    done.unlink(missing_ok=True)
     shutil.copytree(base, directory, ignore=shutil.ignore_patterns(".sandbox-generated", ".cache", ".git"))
     with open(directory / "README.md", "a") as readme:
         readme.write(f"\nRevision {prof['revision'][:12]}: the model card edited; the weights are unchanged.\n")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from core import last_good
 from core.disk import DiskNeed, freeable_bytes, linkable, stored_files
 from core.model_revisions import revisions_to_remove
 from facts.model_dir import ModelDir, Revision, Revisions
@@ -198,3 +199,20 @@ def test_in_place_removes_the_kept_revision_after_linking(revisions_hub, two_rev
     assert {f.path: f.size for f in second.files} == {
         p.relative_to(new_dir).as_posix(): p.stat().st_size for p in new_dir.rglob("*")
         if p.is_file() and ".cache" not in p.parts and not p.name.startswith(".sglang-converge")}
+
+
+def test_a_rollback_brings_the_model_revision_back_while_its_dir_holds_it():
+    old, new = "/srv/m-revisions/0123456789ab", "/srv/m-revisions/1123456789ab"
+    kept = {"unit": "u1", "packages": "p", "model_revision": "0" * 40, "model_path": old}
+    now = {**kept, "unit": "u2", "model_revision": "1" * 40, "model_path": new}
+    held = {old: "0" * 40, new: "1" * 40}
+    assert last_good.not_by_files_alone(kept, now, None, None, lambda path, rev: held.get(path) == rev) is None
+    # pruned beyond keep_revisions (or another revision there): refused, with the dir named
+    assert last_good.not_by_files_alone(kept, now, None, None, lambda path, rev: False) == (
+        f"the model revision changed since it served (000000000000 -> 111111111111) and {old} no longer holds "
+        "it (keep_revisions): its files alone would not bring it back")
+    # a stamp from before revision dirs names no dir: refused as before
+    legacy = {key: value for key, value in kept.items() if key != "model_path"}
+    assert last_good.not_by_files_alone(legacy, now, None, None, lambda path, rev: True) == (
+        "the model revision changed since it served (000000000000 -> 111111111111): its files alone would not "
+        "bring it back")
