@@ -149,11 +149,11 @@ def not_by_files_alone(last_good: dict[str, Any], current: dict[str, Any],
         if last_good.get(key) == current.get(key):
             continue
         # revisions side by side (core/model_revisions.py): the kept unit names its revision's own dir
-        path = last_good.get(path_key)
-        if path and revision_held and last_good.get(key) and revision_held(path, last_good[key]):
+        path = str(last_good.get(path_key) or "")
+        checkable = bool(path and revision_held and last_good.get(key))
+        if checkable and revision_held and revision_held(path, last_good[key]):
             continue
-        where = (f" and {path} no longer holds it (keep_revisions)" if path and revision_held and last_good.get(key)
-                 else "")
+        where = f" and {path} no longer holds it (keep_revisions)" if checkable else ""
         return (f"{what} changed since it served ({str(last_good.get(key))[:12]} -> "
                 f"{str(current.get(key))[:12]}){where}: " + ALONE)
     return None

@@ -99,7 +99,6 @@ def _next_revision(prof: dict, size_mb: int) -> Path:
         tinymodel.generate(base, size_mb, 3, main["quantization"]["format"], commit=main["revision"],
                            repo_name=main["repo"])
     shutil.rmtree(directory, ignore_errors=True)
-    done.unlink(missing_ok=True)
     shutil.copytree(base, directory, ignore=shutil.ignore_patterns(".sandbox-generated", ".cache", ".git"))
     with open(directory / "README.md", "a") as readme:
         readme.write(f"\nRevision {prof['revision'][:12]}: the model card edited; the weights are unchanged.\n")
