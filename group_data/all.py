@@ -56,8 +56,8 @@ kv_plan_tolerance = 0.5     # once it serves, SGLang's KV pool (max_total_num_to
                             # fraction of the memory fit's tokens, or readiness fails (0: not checked)
 perf_tolerance = 0.8        # after a restart, a short decode measurement (concurrency 1 and 4, 128 tokens,
                             # <= 30 s each) must reach this fraction of the host's last good tok/s (0: off)
-rollback_on_failure = True  # a restart that fails readiness puts the last good config back (files; not
-                            # packages or model revision), restarts it, and still fails the run ("rolled back:")
+rollback_on_failure = True  # a restart that fails readiness puts the last good config back (files, its venv and
+                            # its model revision while kept), restarts it, and still fails the run ("rolled back:")
 
 # --- stale GPU processes on our GPUs
 stale_policy = "stop"     # "stop" them, "fail" the deploy, or "ignore" them

@@ -395,7 +395,8 @@ def test_the_incident_on_the_real_server_and_the_deploy_that_fixes_it(real):
     0.8.1 put back by hand (the incident's venv): the real server dies of SGLang's own
     `AttributeError: nvfp4_pack_quantized`, which the readiness script reports as the cause.
     3. The deploy of the good profile upgrades compressed-tensors to what SGLang requires and serves."""
-    proc = real_pyinfra("deploy.py", *CT_MODEL, limit=real.name, env=ENV)
+    # no rollback: the incident host kept the failed config (rolled back, the plain model's revision would serve)
+    proc = real_pyinfra("deploy.py", *CT_MODEL, "--data", "rollback_on_failure=false", limit=real.name, env=ENV)
     assert proc.returncode != 0, proc.out[-4000:]
     assert "RuntimeError: Found no NVIDIA driver on your system" in proc.out, proc.out[-4000:]
     assert "_check_scheme_supported" in proc.out

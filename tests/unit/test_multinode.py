@@ -401,7 +401,7 @@ def rank_facts(spec, stamp: str | None, sub_state="running", restarts=0, health=
 def stamp(spec) -> str:
     return json.dumps({**render(spec).digests(), "packages": packages_digest({"sglang": "0.5.23"}),
                        "package_versions": {"sglang": "0.5.23"}, "model_revision": REVISION,
-                       "venv": spec.server_venv})
+                       "venv": spec.server_venv, "model_path": spec.model_path})
 
 
 def run_ops(op, facts_by_rank, make_kwargs):
