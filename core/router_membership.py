@@ -18,6 +18,7 @@ and its fleet-level stop (rollout/router_loss.py):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from core.router_api import register_workers
@@ -42,15 +43,20 @@ class RouterLoss:
 class RouterMembership:
     out: dict[str, str] = field(default_factory=dict)  # host -> why its server is out of its router
     losses: dict[str, list[RouterLoss]] = field(default_factory=dict)  # host -> the router calls it found unanswered
+    out_since: dict[str, float] = field(default_factory=dict)  # host -> when it went out (monotonic)
+    out_s: dict[str, float] = field(default_factory=dict)  # host -> seconds from out to in again, this run
 
     def taken_out(self, host_name: str, why: str) -> None:
         """The server is out of its router (``why`` is added to what took it out before)."""
+        self.out_since.setdefault(host_name, time.monotonic())
         before = self.out.get(host_name)
         self.out[host_name] = f"{before}; {why}" if before and why not in before else (before or why)
 
     def put_back(self, host_name: str) -> None:
         """The server is in its router again, healthy."""
         self.out.pop(host_name, None)
+        if host_name in self.out_since:
+            self.out_s[host_name] = time.monotonic() - self.out_since.pop(host_name)
 
     def lost(self, host_name: str, router_url: str, what: str) -> None:
         self.losses.setdefault(host_name, []).append(RouterLoss(router_url, what))

@@ -50,7 +50,8 @@ import logging
 import os
 import sys
 
-from rollout.driver import Driver, print_summary
+from rollout.driver import Driver
+from rollout.summary import print_summary
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-seed", action="store_true",
                         help="every host downloads from the Hub (default: a host copies a revision another host "
                              "holds verified from that peer, rsync over ssh, then checks it against the Hub)")
+    parser.add_argument("--stage-parallel", type=int, default=4, metavar="N",
+                        help="hosts staging at once (stage.py: venv and model revision prepared beside what serves) "
+                             "after the canary passed, before their batches (default 4)")
+    parser.add_argument("--stage-only", action="store_true",
+                        help="stage every server (stage.py) and restart nothing: a fleet prepared for a window")
+    parser.add_argument("--no-stage", action="store_true",
+                        help="no staging ahead: each batch installs and downloads in its own run, then restarts")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings, errors and the summary")
     return parser.parse_args(argv)
 
@@ -104,10 +112,15 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     for name, value in (("--batch-size", args.batch_size), ("--canary", args.canary + 1),
-                        ("--max-failed", args.max_failed + 1)):
+                        ("--max-failed", args.max_failed + 1), ("--stage-parallel", args.stage_parallel)):
         if value < 1:
             print(f"rollout: {name} must be >= {1 if name == '--batch-size' else 0}", file=sys.stderr)
             return 2
+    if args.stage_only and (args.deploy != "deploy.py" or args.status or args.rollback or args.verify
+                            or args.no_stage):
+        print("rollout: --stage-only runs stage.py: not with --deploy, --status, --rollback, --verify or --no-stage",
+              file=sys.stderr)
+        return 2
     if args.rollback and (args.deploy != "deploy.py" or args.status):
         print("rollout: --rollback runs rollback.py: not with --deploy or --status", file=sys.stderr)
         return 2
@@ -134,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         data=data, group_data=args.group_data,
         deploy_file="verify.py" if args.verify else "rollback.py" if args.rollback else args.deploy,
         preflight=not args.no_preflight and not args.verify, seed=not args.no_seed and not args.rollback and not args.verify,
+        # a custom deploy file, rollback.py and verify.py switch to nothing new: no stage ahead of them
+        stage=not args.no_stage and args.deploy == "deploy.py" and not args.rollback and not args.verify,
+        stage_parallel=args.stage_parallel, stage_only=args.stage_only,
     )
     from rollout import profile
 

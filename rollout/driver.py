@@ -31,14 +31,13 @@ an unreachable host ends the summary with a line per host and failure: exit 1.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from rollout import profile, router_loss
+from rollout import profile, router_loss, staging
 from rollout.connections import Connections
 from rollout.static_facts import StaticFacts
 
@@ -64,6 +63,8 @@ class HostResult:
     known_failures: list[str] = field(default_factory=list)  # what the (dry run's) real run fails on
     out_of_router: str = ""  # why the server is out of its router after the run ("": in it, or none)
     router_lost: str = ""  # its router calls that got no answer (rollout/router_loss.py)
+    out_of_router_s: float | None = None  # drained to registered again (None: not both in this run)
+    staged_s: float | None = None  # its stage's run before its batch (rollout/staging.py; None: not staged)
 
 
 @dataclass
@@ -190,6 +191,9 @@ class Driver:
         preflight: bool = True,
         echo: Callable[[str], None] | None = None,
         seed: bool = True,
+        stage: bool = False,
+        stage_parallel: int = 4,
+        stage_only: bool = False,
     ):
         self.inventory_path = str(inventory_path)
         self.batch_size = batch_size
@@ -205,6 +209,8 @@ class Driver:
         self.echo = echo or (lambda line: print(line, flush=True))
         self.errors: dict[str, list[str]] = {}
         self.seed = seed
+        self.stage, self.stage_parallel, self.stage_only = stage, stage_parallel, stage_only  # rollout/staging.py
+        self.groups: dict[str, str] = {}
         self.specs: dict = {}  # server name -> its validated Spec (load())
         self.addresses: dict[str, tuple[str, int]] = {}  # host name -> (ssh address, port)
         self.connections = Connections()  # ssh connections kept from one State to the next (close() ends them)
@@ -282,7 +288,7 @@ class Driver:
         problems = []
         routers: list[str] = []
         servers: list[str] = []
-        self.groups: dict[str, str] = {}
+        self.groups = {}
         for host in hosts:
             try:
                 spec = host_spec(host)
@@ -368,9 +374,10 @@ class Driver:
         finally:
             self._stop(state)
 
-    def run_batch(self, batch: Batch, results: dict[str, HostResult], offers: dict | None = None) -> None:
-        """Run (or, dry, prepare) the deploy on the hosts of one batch; fill their results. ``offers``: the
-        peers this batch's hosts may copy revisions from (core/seeding.py)."""
+    def run_batch(self, batch: Batch, results: dict[str, HostResult], offers: dict | None = None,
+                  deploy_file: str | None = None) -> None:
+        """Run (or, dry, prepare) the deploy (``deploy_file``, default the driver's) on the hosts of one batch;
+        fill their results. ``offers``: the peers its hosts may copy revisions from (core/seeding.py)."""
         from pyinfra.api.exceptions import PyinfraError
         from pyinfra.api.operations import run_ops
         from pyinfra.api.state import StateStage
@@ -389,7 +396,7 @@ class Driver:
             if active:
                 state.set_stage(StateStage.Prepare)
                 with profile.phase("prepare (deploy file)"):
-                    load_deploy_file(state, str(REPO_ROOT / self.deploy_file))
+                    load_deploy_file(state, str(REPO_ROOT / (deploy_file or self.deploy_file)))
                 config.reset_locked_state()
                 if not self.dry:
                     state.set_stage(StateStage.Execute)
@@ -429,7 +436,7 @@ class Driver:
                     changed = changed or meta.did_change()
                 failed = host in state.failed_hosts or failed_op is not None
                 result.result = "failed" if failed else "ok"
-                result.changed = changed
+                result.changed = changed or bool(result.staged_s is not None and result.changed)  # or its stage
                 result.restarted = name in run.restarted
                 result.ready_s = run.ready_s.get(name)
                 if failed:
@@ -492,7 +499,10 @@ class Driver:
                 return report
             self.echo(f"rollout: preflight ok on {len(servers)} server(s) ({report.preflight_s:.1f} s)")
         try:
-            self._run_batches(batches, report, seeding)
+            if self.stage_only:
+                staging.only(self, report, seeding)
+            else:
+                self._run_batches(batches, report, seeding)
         finally:
             seeding.close()
         report.total_s = time.monotonic() - started
@@ -513,23 +523,36 @@ class Driver:
         """The batches in order, each ready before the next; stops past --max-failed."""
         results = report.results
         failed_total = 0
-        for batch in batches:
-            self.echo(f"rollout: batch {batch.label}: {', '.join(batch.hosts)}"
+        staged = not self.stage or self.dry  # dry: each batch's plan shows its stage as well
+        for index, batch in enumerate(batches):
+            if not staged and batch.label != "canary" and not batch.label.startswith("router"):
+                staged = True  # the canary passed (or there is none): the later servers stage, serving all along
+                failed_total += len(staging.stage(self, staging.later_servers(batches, index - 1, self.specs,
+                                                                               results), report, seeding))
+                if failed_total > self.max_failed:
+                    report.stopped_after, report.exit_code = "stage", 1
+                    self.echo(f"rollout: stopped after the stage ({failed_total} failed host(s) > --max-failed "
+                              f"{self.max_failed}): no batch after it restarted anything")
+                    break
+            todo = staging.without_failed(batch, results, self.groups).hosts  # a failed stage: not run
+            if not todo:
+                continue
+            self.echo(f"rollout: batch {batch.label}: {', '.join(todo)}"
                       + (" (dry: plan only)" if self.dry else ""))
             t0 = time.monotonic()
             with profile.phase("batch", scope=True):
-                self.run_batch(batch, results, seeding.offers([n for n in batch.hosts if n in self.specs]))
+                self.run_batch(Batch(batch.label, todo), results, seeding.offers([n for n in todo if n in self.specs]))
             report.batch_seconds[batch.label] = time.monotonic() - t0
-            seeding.converged([n for n in batch.hosts if n in self.specs and results[n].result == "ok"])
+            seeding.converged([n for n in todo if n in self.specs and results[n].result == "ok"])
             if self.dry:
-                for name in batch.hosts:
+                for name in todo:
                     changes = results[name].changes
                     self.echo(f"rollout: plan {name}: " + (", ".join(changes) if changes else "no change")
                               + (f"; the real run would fail: {results[name].error}" if results[name].error else ""))
-                if any(results[name].known_failures for name in batch.hosts):
+                if any(results[name].known_failures for name in todo):
                     report.exit_code = 1  # the real run would fail here: the summary's last lines say why
                 continue
-            failed = [name for name in batch.hosts if results[name].result == "failed"]
+            failed = [name for name in todo if results[name].result == "failed"]
             failed_total += len(failed)
             self.echo(f"rollout: batch {batch.label} done in {report.batch_seconds[batch.label]:.1f} s"
                       + (f", failed: {', '.join(failed)}" if failed else ", ready"))
@@ -538,7 +561,7 @@ class Driver:
             if failed_total > self.max_failed:
                 report.stopped_after = batch.label
                 report.exit_code = 1
-                later = [n for b in batches[batches.index(batch) + 1 :] for n in b.hosts]
+                later = [n for b in batches[index + 1 :] for n in b.hosts]
                 if later:
                     self.echo(f"rollout: stopped after batch {batch.label} ({failed_total} failed host(s) > "
                               f"--max-failed {self.max_failed}): not touched: {', '.join(later)}")
@@ -548,52 +571,3 @@ class Driver:
             self.echo(f"rollout: {failed_total} host(s) failed, within --max-failed {self.max_failed}: "
                       f"the other batches ran; failed: {', '.join(failed)}")
             report.exit_code = 1
-
-
-# --------------------------------------------------------------------------- output
-
-
-def summary_table(report: RolloutReport):
-    """The rollout's summary as a rich Table."""
-    from rich.table import Table
-
-    title = "rollout" + (" (dry run: nothing changed)" if report.dry or any(r.result == "planned" for r in
-                                                                            report.results.values()) else "")
-    table = Table(title=title)
-    for column in ("host", "batch", "result", "changed", "restarted", "time to ready", "error"):
-        table.add_column(column, overflow="fold")
-
-    def yes_no(value: bool | None) -> str:
-        return "-" if value is None else ("yes" if value else "no")
-
-    for result in report.results.values():
-        table.add_row(
-            result.host,
-            result.batch,
-            result.result,
-            yes_no(result.changed),
-            yes_no(result.restarted),
-            f"{result.ready_s:.1f} s" if result.ready_s is not None else "-",
-            result.error,
-        )
-    return table
-
-
-def print_summary(report: RolloutReport, console=None) -> None:
-    from rich.console import Console
-
-    from core.dry_run import verdict_lines
-
-    console = console or Console(stderr=False, width=max(120, int(os.environ.get("COLUMNS", "0") or 0)))
-    console.print(summary_table(report))
-    ok = sum(r.result == "ok" for r in report.results.values())
-    restarted = sum(bool(r.restarted) for r in report.results.values())
-    console.print(
-        f"rollout: {ok}/{len(report.results)} host(s) ok, {restarted} restarted, "
-        f"{report.total_s:.1f} s in all (preflight {report.preflight_s:.1f} s)"
-        + (f"; stopped after batch {report.stopped_after}" if report.stopped_after else "")
-    )
-    router_loss.print_lines(report, console)  # a router lost, the servers out of their router
-    if report.dry:  # its last lines: each host the real run would fail on, each failure (core/dry_run.py)
-        for line in verdict_lines({name: r.known_failures for name, r in report.results.items()}):
-            console.print(line, style="red", markup=False, highlight=False, soft_wrap=True)  # one line each

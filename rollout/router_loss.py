@@ -25,10 +25,12 @@ AGAIN = "once the router answers again, run the rollout again: it registers ever
 
 def take(state, results: dict, names: list[str]) -> None:
     """Each host's place in its router after this batch (``state``: the batch's pyinfra State), into its
-    HostResult: ``out_of_router`` (why it is out, "" when it is not) and ``router_lost`` (what failed)."""
+    HostResult: ``out_of_router`` (why it is out, "" when it is not), ``out_of_router_s`` (drained to
+    registered, when both happened) and ``router_lost`` (what failed)."""
     record = membership(state)
     for name in names:
         results[name].out_of_router = record.out.get(name, "")
+        results[name].out_of_router_s = record.out_s.get(name)
         results[name].router_lost = "; ".join(str(loss) for loss in record.losses.get(name, []))
 
 

@@ -39,6 +39,16 @@ _GROUP_STEPS: dict[Step, Step] = {service.service: multinode.group_service,
 GROUP_PIPELINE: tuple[Step, ...] = tuple(_GROUP_STEPS.get(step, step) for step in SERVER_PIPELINE)
 
 
+# stage.py (and a rollout's staging): what a restart will switch to, prepared beside what serves -
+# the package set's own venv, the model revision's own dir, both verified; nothing that serves changes
+STAGE_PIPELINE: tuple[Step, ...] = (
+    preflight.preflight,
+    python_env.python_env,
+    model.model,
+    quant_deps.quant_deps,
+)
+
+
 # rollback.py: a server's previous good configuration back (tasks/rollback.py), behind its router
 ROLLBACK_PIPELINE: tuple[Step, ...] = (
     membership.drain_for_rollback,  # out of its router before the restart

@@ -184,7 +184,8 @@ import sys
 from types import SimpleNamespace
 
 import rollout.__main__  # noqa: F401  (gevent's monkey patching first, as python -m rollout)
-from rollout.driver import Batch, Driver, HostResult, RolloutReport, print_summary
+from rollout.driver import Batch, Driver, HostResult, RolloutReport
+from rollout.summary import print_summary
 
 driver = Driver(sys.argv[1], dry=True, deploy_file=sys.argv[2], preflight=False, seed=False)
 batches = [Batch("canary", ["@local"])]

@@ -25,7 +25,8 @@ from core.ops import explaining_line
 from core.runstate import run_state
 from rollout import driver
 from rollout.__main__ import parse_args
-from rollout.driver import HostResult, RolloutReport, plan_batches, select_hosts, summary_table
+from rollout.driver import HostResult, RolloutReport, plan_batches, select_hosts
+from rollout.summary import summary_table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,20 +88,22 @@ def render(report: RolloutReport) -> str:
 def test_summary_table():
     results = {
         "r": HostResult("r", "router", "ok", False, False),
-        "a": HostResult("a", "canary", "ok", True, True, 4.25),
-        "b": HostResult("b", "1", "failed", True, False, None, "sglang.service ready: cause: RuntimeError: boom"),
+        "a": HostResult("a", "canary", "ok", True, True, 4.25, out_of_router_s=12.5),
+        "b": HostResult("b", "1", "failed", True, False, None, "sglang.service ready: cause: RuntimeError: boom",
+                        staged_s=31.0),
         "c": HostResult("c", "2"),
     }
     text = render(RolloutReport(results=results, batches=[], exit_code=1))
     header = next(line for line in text.splitlines() if "host" in line)
     assert [c.strip() for c in header.split("┃")[1:-1]] == [
-        "host", "batch", "result", "changed", "restarted", "time to ready", "error"]
+        "host", "batch", "result", "changed", "restarted", "staged", "time to ready", "out of router", "error"]
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
             for line in text.splitlines() if line.startswith("│")}
-    assert rows["r"] == ["r", "router", "ok", "no", "no", "-", ""]
-    assert rows["a"] == ["a", "canary", "ok", "yes", "yes", "4.2 s", ""]
-    assert rows["b"][2] == "failed" and rows["b"][6] == "sglang.service ready: cause: RuntimeError: boom"
-    assert rows["c"] == ["c", "2", "not run", "-", "-", "-", ""]
+    assert rows["r"] == ["r", "router", "ok", "no", "no", "-", "-", "-", ""]
+    assert rows["a"] == ["a", "canary", "ok", "yes", "yes", "-", "4.2 s", "12.5 s", ""]
+    assert rows["b"][2] == "failed" and rows["b"][8] == "sglang.service ready: cause: RuntimeError: boom"
+    assert rows["b"][5] == "31.0 s"
+    assert rows["c"] == ["c", "2", "not run", "-", "-", "-", "-", "-", ""]
 
 
 def test_the_explaining_line_is_the_cause():

@@ -16,7 +16,8 @@ from rich.console import Console
 from core.router_membership import RouterMembership, membership, registered
 from facts.router import RouterWorker
 from rollout import router_loss
-from rollout.driver import Driver, HostResult, RolloutReport, plan_batches, print_summary
+from rollout.driver import Driver, HostResult, RolloutReport, plan_batches
+from rollout.summary import print_summary
 from tasks import membership as steps
 from tests.unit.test_last_good import on_demand_facts, stamp
 from tests.unit.test_step_operations import ShellHost, failure, sandbox_spec
