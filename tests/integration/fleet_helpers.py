@@ -111,15 +111,16 @@ def override(tmp_path: Path, extra_env: dict | None = None, **values) -> str:
 
 
 def summary(output: str) -> dict[str, dict[str, str]]:
-    """The rollout's summary table: {host: {batch, result, changed, restarted, ready, error}}."""
+    """The rollout's summary table: {host: {batch, result, changed, restarted, staged, ready, out, error}}."""
     rows = {}
+    columns = ("batch", "result", "changed", "restarted", "staged", "ready", "out", "error")
     for line in output.splitlines():
         cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
-        if len(cells) == 7 and re.fullmatch(r"sgc\d+", cells[0]):
-            rows[cells[0]] = dict(zip(("batch", "result", "changed", "restarted", "ready", "error"), cells[1:], strict=False))
-        elif len(cells) == 7 and not cells[0] and rows:  # a wrapped error cell
+        if len(cells) == 9 and re.fullmatch(r"sgc\d+", cells[0]):
+            rows[cells[0]] = dict(zip(columns, cells[1:], strict=True))
+        elif len(cells) == 9 and not cells[0] and rows:  # a wrapped error cell
             last = rows[list(rows)[-1]]
-            last["error"] = (last["error"] + " " + cells[6]).strip()
+            last["error"] = (last["error"] + " " + cells[8]).strip()
     return rows
 
 
