@@ -16,7 +16,10 @@
     hosts at once (clones of one converged host; N capped by the RAM left),
     against one host;
 (g) bench/gates.py: what the readiness gates (fingerprint, speed, ...)
-    add to a restart, against the same restart with them turned off.
+    add to a restart, against the same restart with them turned off;
+(h) bench/staged.py: a 4-server rollout of new packages plus a new revision,
+    staged (stage then switch) against unstaged, and each host's time out of
+    its router beside its restart and load.
 
 Every figure also goes to bench/results/latest.json (bench/results.py); the
 run ends with a table of every figure there, its goal and whether it is met
@@ -108,7 +111,7 @@ def report_delay(host, outcome: str) -> dict:
     return {"deploy_delay_s": reported - event, "baseline_delay_s": float(baseline_out[1]) - event}
 
 
-PARTS = ("noop", "report", "gates", "rollout", "transfer", "seeding", "scale")
+PARTS = ("noop", "report", "gates", "rollout", "transfer", "seeding", "scale", "staged")
 
 
 def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
@@ -185,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.scale import main as scale_bench  # (f) 1 -> 50 hosts: dry run, no-op re-run
 
             code = code or scale_bench([])
+        if "staged" in parts:
+            from bench.staged import main as staged_bench  # (h) a 4-server rollout of a change, staged vs unstaged
+
+            code = code or staged_bench([])
     finally:
         print(f"bench: figures in {RESULTS.relative_to(ROOT)}")
         table()

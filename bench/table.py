@@ -27,6 +27,7 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "seed_hub_bytes_over_model": ("<=", 1.05, "README: one Hub download per fleet (peer seeding)"),
     "seed_over_hub_only_s": ("<=", 1.0, "assumed: seeding is no slower than every host from the Hub"),
     "gates_s": ("<=", 75.0, "issue 20: the speed gate's two measurements at most ~30 s each, the rest seconds"),
+    "staged_rollout_over_unstaged": ("<=", 0.6, "issue 21: a staged rollout of a change against an unstaged one"),
     "scale_dry_50_over_1": ("<=", 2.0, "issue 12: 50 hosts take at most twice one host (dry run)"),
     "scale_noop_50_over_1": ("<=", 2.0, "issue 12: 50 hosts take at most twice one host (no-op re-run)"),
 }

@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: {err}", file=sys.stderr)
         return 2
     print_summary(report)
+    if os.environ.get("SGC_ROLLOUT_REPORT"):  # each host's result as JSON (the benchmarks read it)
+        import dataclasses
+        import json
+
+        with open(os.environ["SGC_ROLLOUT_REPORT"], "w") as out:
+            json.dump({name: dataclasses.asdict(result) for name, result in report.results.items()}, out, indent=1)
     profile.finish()
     return report.exit_code
 
