@@ -18,12 +18,14 @@ serves there was not touched.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rollout.driver import Batch, Driver, HostResult, RolloutReport
+    from rollout.batches import Batch, HostResult, RolloutReport
 
 STAGE_FILE = "stage.py"
+# ``driver``: the rollout's rollout.driver.Driver (which imports this module): its run_batch, echo, specs,
+# groups, dry, stage_parallel
 
 
 def stage_chunks(names: list[str], parallel: int, groups: dict[str, str] | None = None) -> list[Batch]:
@@ -32,14 +34,14 @@ def stage_chunks(names: list[str], parallel: int, groups: dict[str, str] | None 
     >>> [(b.label, b.hosts) for b in stage_chunks(["a", "b", "c"], 2)]
     [('stage 1', ['a', 'b']), ('stage 2', ['c'])]
     """
-    from rollout.driver import plan_batches
+    from rollout.batches import plan_batches
 
     return [type(b)(f"stage {b.label}", b.hosts) for b in plan_batches([], names, parallel, 0, groups)]
 
 
-def stage(driver: Driver, names: list[str], report: RolloutReport, seeding) -> list[str]:
+def stage(driver: Any, names: list[str], report: RolloutReport, seeding) -> list[str]:
     """Stage ``names``; each host's ``staged_s`` (and, failed, its result) in ``report``: the hosts that failed."""
-    from rollout.driver import HostResult
+    from rollout.batches import HostResult
 
     failed: list[str] = []
     for chunk in stage_chunks(names, driver.stage_parallel, driver.groups):
@@ -89,7 +91,7 @@ def without_failed(batch: Batch, results: dict[str, HostResult], groups: dict[st
     return batch if not failed else type(batch)(batch.label, [n for n in batch.hosts if n not in failed])
 
 
-def only(driver: Driver, report: RolloutReport, seeding) -> None:
+def only(driver: Any, report: RolloutReport, seeding) -> None:
     """--stage-only: stage every targeted server, restart nothing; exit 1 when any failed (or, dry, would)."""
     servers = [name for batch in report.batches for name in batch.hosts if name in driver.specs]
     failed = stage(driver, servers, report, seeding)

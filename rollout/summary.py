@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rollout import router_loss
 
 if TYPE_CHECKING:
-    from rollout.driver import RolloutReport
+    from rollout.batches import RolloutReport
 
 
 def summary_table(report: RolloutReport):
