@@ -1,5 +1,6 @@
 """Peer seeding, the part steps read: where a host may copy a pinned revision
-from instead of the Hub, offered for one run by the rollout (rollout/seeding.py)
+(and a server venv the same package set built, venv_key) from instead of the Hub
+or pip, offered for one run by the rollout (rollout/seeding.py)
 on pyinfra's State, never in a setting. The model step (tasks/model.py) passes it
 to remote/fetch_model.py, which copies from the peer, then fetches from the Hub
 whatever is still missing and checks every file against the Hub's digests.
@@ -27,17 +28,30 @@ class SeedSource:
     user: str  # the ssh user on the peer
     address: str  # the peer's address as the hosts reach it (its ssh_hostname)
     port: int
-    dirs: dict[str, str]  # "repo@revision" -> the dir on the peer that holds it verified
+    dirs: dict[str, str]  # "repo@revision" (or venv_key) -> the dir on the peer that holds it verified
     known_hosts: str = field(repr=False)  # the peer's host keys, known_hosts lines
     private_key: str = field(repr=False)  # the rollout's key for the copy (never logged)
 
     def dir_for(self, repo: str, revision: str) -> str | None:
         return self.dirs.get(f"{repo}@{revision}")
 
+    def venv_for(self, digest: str) -> str | None:
+        """The peer's verified venv of the package set ``digest`` (tasks/spec: ``Spec.env_digest``)."""
+        return self.dirs.get(venv_key(digest))
+
     def source(self, remote_dir: str) -> str:
         """rsync's source for one dir on the peer: user@address:/dir (IPv6 addresses bracketed)."""
         address = f"[{self.address}]" if ":" in self.address else self.address
         return f"{self.user}@{address}:{remote_dir}"
+
+
+def venv_key(digest: str) -> str:
+    """The seeding key of a server venv by its package set's digest (a repo id never has a colon).
+
+    >>> venv_key("95f9894a772e")
+    'venv:95f9894a772e'
+    """
+    return f"venv:{digest}"
 
 
 def offer(state: Any, sources: dict[str, SeedSource]) -> None:

@@ -247,7 +247,7 @@ class Driver:
         from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
         from core.checks import host_problems, resolved_spec
-        from rollout.seeding import revisions_held
+        from rollout.seeding import revisions_held, venv_missing
         from tasks.spec import RouterSpec, SpecError, host_spec, validate_inventory
 
         with profile.phase("inventory"):
@@ -275,7 +275,7 @@ class Driver:
                         have = revisions_held(spec)
                         if held is not None and missing is not None:
                             held[host.name] = {key for key, ok in have.items() if ok}
-                            missing[host.name] = {key for key, ok in have.items() if not ok}
+                            missing[host.name] = {key for key, ok in have.items() if not ok} | venv_missing(spec)
                         return found
 
                 greenlets = {host.name: gevent.spawn(one, host) for host in active if host.name in servers}
@@ -440,11 +440,16 @@ class Driver:
 
     def _seeding(self):
         from core.disk import pins
+        from core.seeding import venv_key
         from rollout.seeding import PeerSeeding
 
         def pinned(name: str) -> dict[str, str]:
+            """What a server's converge leaves verified: its pinned revisions and its venv."""
             spec = self.specs.get(name)
-            return {f"{pin.repo}@{pin.revision}": pin.local_dir for pin in pins(spec)} if spec else {}
+            if not spec:
+                return {}
+            return {**{f"{pin.repo}@{pin.revision}": pin.local_dir for pin in pins(spec)},
+                    venv_key(spec.env_digest): spec.server_venv}
 
         return PeerSeeding(self.run_on, lambda name: self.addresses[name], pinned, self.echo,
                            enabled=self.seed and not self.dry)

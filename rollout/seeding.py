@@ -8,6 +8,13 @@ in an earlier batch of this rollout - with rsync over ssh between the hosts
 bring and checks every file against the digests the Hub publishes, exactly as
 after a Hub download. A failed copy falls back to the Hub, and says so.
 
+The server venv of a package set is seeded the same way (core/venv_seeding.py):
+a host that lacks ``<venv_path>-envs/<digest>`` copies it from a host that
+built and checked it in an earlier batch of this rollout (never from one that
+merely had the dir at the preflight: only a converge proves it whole), then
+checks it as it checks a venv it built; a copy made on another Python is not
+used and the venv is built with pip.
+
 The ssh access exists for this rollout only:
 
 - an ed25519 key pair made in memory on the controller (never on its disk);
@@ -31,8 +38,9 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
-from core.seeding import SeedSource
+from core.seeding import SeedSource, venv_key
 
 EXPIRY_HOURS = 12
 
@@ -47,6 +55,16 @@ def revisions_held(spec) -> dict[str, bool]:
 
     return {f"{pin.repo}@{pin.revision}": model_complete(host.get_fact(ModelDirState, path=pin.local_dir),
                                                           pin.repo, pin.revision) for pin in pins(spec)}
+
+
+def venv_missing(spec) -> set[str]:
+    """{venv_key} when the host lacks the venv of the spec's package set, else empty (in a host context).
+    There is no "held" counterpart: a venv dir proves nothing until a converge here checks it."""
+    from pyinfra import host
+
+    from facts.venv import VenvState
+
+    return set() if host.get_fact(VenvState, path=spec.server_venv).exists else {venv_key(spec.env_digest)}
 
 
 def new_key(tag: str) -> tuple[str, str]:
@@ -155,9 +173,13 @@ class PeerSeeding:
                           f"({out[names[0]].address}) before asking the Hub")
         return out
 
+    def _held_by(self, peer: str) -> dict[str, str]:
+        return {key: path for key, path in self.pins(peer).items() if peer in self.holders.get(key, [])}
+
     def _prepared(self, peer: str) -> SeedSource | None:
-        if peer in self.sources:
-            return self.sources[peer]
+        if peer in self.sources:  # prepared before: what it holds now (it may have converged since)
+            source = self.sources[peer]
+            return None if source is None else replace(source, dirs=self._held_by(peer))
         if self._key is None:
             self._key = new_key(self.tag)
         private, public = self._key
@@ -171,8 +193,7 @@ class PeerSeeding:
             self.echo(f"rollout: seed: cannot prepare {peer} as a peer ({why}): its revisions come from the Hub")
             self.sources[peer] = None
             return None
-        dirs = {key: path for key, path in self.pins(peer).items() if peer in self.holders.get(key, [])}
-        self.sources[peer] = SeedSource(peer=peer, user=user, address=address, port=port, dirs=dirs,
+        self.sources[peer] = SeedSource(peer=peer, user=user, address=address, port=port, dirs=self._held_by(peer),
                                         known_hosts=hosts, private_key=private)
         self.echo(f"rollout: seed: {peer} serves its verified revisions to the later hosts over ssh "
                   f"(a key for this rollout only, {time.monotonic() - started:.1f} s to set up)")

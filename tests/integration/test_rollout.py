@@ -52,7 +52,8 @@ def rolled(hosts, tmp_path_factory):
 
 def test_the_fleet_took_the_model_from_the_hub_once_and_the_rest_from_the_canary(hosts):
     """Peer seeding: the canary (sgc11) downloads the revision, sgc12..14 copy it from sgc11 with rsync over
-    ssh and verify it against the Hub's digests; the Hub serves about 1x the model's bytes in all."""
+    ssh and verify it against the Hub's digests; the Hub serves about 1x the model's bytes in all. The
+    canary builds the server venv with pip, the others copy it."""
     converge = first_converge()
     assert "rollout: seed: sgc12, sgc13, sgc14 copy what they lack from sgc11 (10.77.11.2)" in converge["out"], \
         converge["out"][-6000:]
@@ -74,6 +75,17 @@ def test_the_fleet_took_the_model_from_the_hub_once_and_the_rest_from_the_canary
         theirs = json.loads(host.run("cat /srv/models/tiny-revisions/0123456789ab/.sglang-converge.json").stdout)
         assert theirs["digests"] == marker["digests"] and theirs["revision"] == marker["revision"]
         assert host.run("ls /etc/sglang/*seed-key /etc/sglang/*seed-known-hosts", check=False).returncode != 0
+    # the server venv too: built with pip on the canary, copied by the later hosts (the same Python), checked
+    # there like a built one, the same packages
+    def freeze(name: str) -> str:
+        return hosts[name].run("for v in /opt/sglang/venv-envs/*/; do echo $v; $v/bin/python -m pip freeze --all; done").stdout
+
+    assert freeze("sgc11").strip() and "sglang" in freeze("sgc11")
+    for name in ("sgc12", "sgc13", "sgc14"):
+        assert re.search(rf"{name}\S*\s.*python env: seed: copied the venv from the peer root@10\.77\.11\.2:",
+                         converge["out"]), converge["out"][-6000:]
+        assert freeze(name) == freeze("sgc11")
+        assert not hosts[name].run("ls -a /opt/sglang/venv-envs").stdout.count(".seeding-")
     # the peer's key for this rollout is gone (and was there: the copy needed it)
     keys = hosts["sgc11"].run("cat /root/.ssh/authorized_keys").stdout
     assert "sglang-converge-seed-" not in keys and keys.strip()

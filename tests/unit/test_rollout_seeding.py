@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from core.seeding import SeedSource
+from core.seeding import SeedSource, venv_key
 from rollout.seeding import PeerSeeding, grant_script, known_hosts, new_key, revoke_script
 
 MODEL = "org/model@" + "a" * 40
@@ -142,3 +142,33 @@ def test_the_model_step_passes_the_peer_only_for_a_revision_it_holds(peer_holds,
     assert ("--seed-key /etc/sglang/sglang.seed-key --seed-known-hosts /etc/sglang/sglang.seed-known-hosts"
             in argv) is expected
     assert "PRIVATE KEY" not in argv
+
+
+def test_a_venv_is_offered_only_from_a_host_that_converged_and_a_cached_peer_offers_what_it_holds_now():
+    venv = venv_key("95f9894a772e")
+    fleet = Fleet(["a", "b", "c", "d"])
+    base_pins = fleet.pins
+    fleet.pins = lambda name: {**base_pins(name), venv: "/opt/sglang/venv-envs/95f9894a772e"}
+    seeding = fleet.seeding()
+    # a held the model at the preflight (and had some venv dir: that proves nothing); the others lack both
+    seeding.learn({"a": {MODEL}, "b": set(), "c": set(), "d": set()},
+                  {"a": set(), "b": {MODEL, venv}, "c": {MODEL, venv}, "d": {MODEL, venv}})
+    first = seeding.offers(["b"])
+    assert first["b"].peer == "a" and first["b"].dirs == {MODEL: "/srv/models/a-model"}
+    assert first["b"].venv_for("95f9894a772e") is None  # b builds its venv with pip
+    seeding.converged(["a", "b"])
+    later = seeding.offers(["c", "d"])
+    assert {source.venv_for("95f9894a772e") for source in later.values()} == {"/opt/sglang/venv-envs/95f9894a772e"}
+    assert [name for name, _ in fleet.calls].count("a") == 1  # a was prepared once, its offer refreshed
+
+
+def test_the_copy_command_removes_the_key_files_and_a_source_offers_only_its_venv():
+    from core.venv_seeding import copy_command
+
+    command = copy_command("/opt/sglang/venv-envs/abc", "/usr/bin/python3", "root@10.0.0.1:/opt/sglang/venv-envs/abc",
+                           2222, "sglang")
+    assert command.startswith("trap 'rm -f /etc/sglang/sglang.seed-key /etc/sglang/sglang.seed-known-hosts' EXIT")
+    assert "--port 2222" in command and "--exclude .sgc-switched" in command
+    source = SeedSource(peer="a", user="root", address="10.0.0.1", port=22, dirs={venv_key("abc"): "/e/abc"},
+                        known_hosts="", private_key="")
+    assert source.venv_for("abc") == "/e/abc" and source.venv_for("def") is None
