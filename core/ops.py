@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 import hashlib
+from shlex import quote as _quote
 from collections.abc import Iterable
 from io import StringIO
 
@@ -17,7 +18,7 @@ from pyinfra.context import ctx_host, ctx_state, state
 
 from core.changes import changing
 from core.dry_run import record_known_failure
-from core.paths import GB, SYSTEMD_DIR
+from core.paths import GB, REMOTE_DIR, REMOTE_SRC_DIR, SYSTEMD_DIR
 from core.runstate import run_state
 from facts.files import FileDigest, FileText
 
@@ -223,3 +224,14 @@ def managed_file(dest: str, content: str, mode: str = "644", secrets: list[str] 
         yield changing(StringCommand("mv -f", QuoteString(tmp), QuoteString(dest)), dest, tmp)
     else:
         yield changing(StringCommand("chown root:root", QuoteString(dest), "&& chmod", mode, QuoteString(dest)), dest)
+
+
+def scripts_uploaded(owner: str, names: Iterable[str]):
+    """Commands: the helper scripts ``names`` (files of remote/) uploaded beside their place in REMOTE_DIR
+    and renamed into it: a sibling server's step may be starting python on them at this moment (a rename
+    swaps the whole file)."""
+    uploads = [(str(REMOTE_SRC_DIR / name), f"{REMOTE_DIR}/{name}") for name in names]
+    for local, remote in uploads:
+        yield FileUploadCommand(local, f"{remote}.{owner}.sgc-new")
+    yield StringCommand(" && ".join(f"mv -f {_quote(f'{remote}.{owner}.sgc-new')} {_quote(remote)}"
+                                    for _local, remote in uploads))

@@ -13,8 +13,12 @@ whatever is still missing and checks every file against the Hub's digests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from io import StringIO
 from typing import Any
 
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
+
+from core.paths import seed_key_file, seed_known_hosts_file
 from core.runstate import run_state
 
 _KEY = "seed_sources"
@@ -63,3 +67,11 @@ def seed_source(host_name: str, state: Any = None) -> SeedSource | None:
     """The peer this run offers ``host_name``, if any."""
     sources: dict[str, SeedSource] = run_state(state).extensions.get(_KEY, {})
     return sources.get(host_name)
+
+
+def seed_files_uploaded(seed: SeedSource, owner: str):
+    """Commands: the rollout's key and the peer's host keys written root-only (0600) for the copy, created
+    empty with that mode before a byte is written; the copy's command removes them."""
+    for path, text in ((seed_key_file(owner), seed.private_key), (seed_known_hosts_file(owner), seed.known_hosts)):
+        yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(path))
+        yield FileUploadCommand(StringIO(text), path)

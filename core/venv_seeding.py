@@ -17,15 +17,14 @@ co. (minutes, several GB) for a copy at the network's speed.
 
 from __future__ import annotations
 
-from io import StringIO
 from shlex import quote
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
-from core.ops import plan, record_failure
-from core.paths import CONFIG_DIR, REMOTE_DIR, REMOTE_SRC_DIR, SWITCHED, seed_key_file, seed_known_hosts_file
-from core.seeding import SeedSource
+from core.ops import plan, record_failure, scripts_uploaded
+from core.paths import CONFIG_DIR, REMOTE_DIR, SWITCHED, seed_key_file, seed_known_hosts_file
+from core.seeding import SeedSource, seed_files_uploaded
 from core.venv_ops import PIP_LOCK_NAME
 from facts.venv import VenvState
 
@@ -53,11 +52,11 @@ def _copy(state, host, command: str) -> bool:
     ok, output = host.run_shell_command(StringCommand("sh -c", quote(command)), print_output=False,
                                         print_input=False)
     lines = [line for line in output.output_lines if line.strip()]
-    for line in lines[-1:] if ok else []:
-        host.log(f"python env: {line}", logger.warning)
-    if not ok:  # only bad arguments or a crash get here: a copy that failed says so and exits 0
-        record_failure(state, host, f"python env: the venv copy from a peer failed: {lines[-1] if lines else '?'}",
-                       lines[-8:])
+    last = lines[-1] if lines else "?"
+    if ok:  # its one line: copied, or why not (then the build follows)
+        host.log(f"python env: {last}", logger.warning)
+    else:  # only bad arguments or a crash get here: a copy that failed says so and exits 0
+        record_failure(state, host, f"python env: the venv copy from a peer failed: {last}", lines[-8:])
     return ok
 
 
@@ -81,13 +80,7 @@ def venv_seeded(path: str, python: str, seed: SeedSource, digest: str, owner: st
         return
     plan(f"copy the venv {path} from the peer {seed.peer} ({peer_dir}) over ssh when it was made on the same "
          f"Python; else build it here")
-    uploads = [(REMOTE_SRC_DIR / name, f"{REMOTE_DIR}/{name}") for name in SCRIPTS]
     yield StringCommand("install -d -m 755", REMOTE_DIR, CONFIG_DIR)
-    for local, remote in uploads:
-        yield FileUploadCommand(str(local), f"{remote}.{owner}.sgc-new")
-    yield StringCommand(" && ".join(f"mv -f {quote(f'{remote}.{owner}.sgc-new')} {quote(remote)}"
-                                    for _local, remote in uploads))
-    for secret, text in ((seed_key_file(owner), seed.private_key), (seed_known_hosts_file(owner), seed.known_hosts)):
-        yield StringCommand("install -m 600 -o root -g root /dev/null", quote(secret))
-        yield FileUploadCommand(StringIO(text), secret)
+    yield from scripts_uploaded(owner, SCRIPTS)
+    yield from seed_files_uploaded(seed, owner)
     yield FunctionCommand(_copy, (copy_command(path, python, seed.source(peer_dir), seed.port, owner),), {})

@@ -61,26 +61,24 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
 
 from core.disk import DiskNeed, HubError, Pin, disk_need, hf_token, model_complete, pins, shortfall
-from core.ops import fail_command, gb, plan, record_failure, report
+from core.ops import fail_command, gb, plan, record_failure, report, scripts_uploaded
 from core.paths import (
     CONFIG_DIR,
     LEGACY_FETCH_UNIT,
     MODEL_MARKER,
     REMOTE_DIR,
-    REMOTE_SRC_DIR,
     fetch_unit_name,
     seed_key_file,
     seed_known_hosts_file,
     token_file as token_path,
 )
-from core.seeding import SeedSource, seed_source
+from core.seeding import SeedSource, seed_files_uploaded, seed_source
 from facts.model_dir import ModelDir, ModelDirState
 from tasks.spec import Spec
 
 FETCH_SCRIPT = f"{REMOTE_DIR}/fetch_model.py"
-LOCAL_FETCH_SCRIPT = REMOTE_SRC_DIR / "fetch_model.py"
-# modules the script imports from its own directory, uploaded beside it
-FETCH_MODULES = ("hub_failures.py", "hub_bytes.py", "file_digests.py", "peer_seed.py")
+# the script and the modules it imports from its own directory, uploaded beside it
+FETCH_SCRIPTS = ("fetch_model.py", "hub_failures.py", "hub_bytes.py", "file_digests.py", "peer_seed.py")
 # remote/fetch_model.py's exit codes
 EXIT_MEANINGS = {
     1: "an error that is not retried",
@@ -380,16 +378,6 @@ def _downloads(python: str, todo: list[tuple[Pin, DiskNeed]], margin_bytes: int,
     return out
 
 
-def _scripts_uploaded(owner: str):
-    """fetch_model.py and its modules, each uploaded beside its place and renamed into it: a sibling
-    server's download may be starting python on them at this moment (a rename swaps the whole file)."""
-    uploads = [(LOCAL_FETCH_SCRIPT, FETCH_SCRIPT), *((REMOTE_SRC_DIR / m, f"{REMOTE_DIR}/{m}") for m in FETCH_MODULES)]
-    for local, remote in uploads:
-        yield FileUploadCommand(str(local), f"{remote}.{owner}.sgc-new")
-    yield StringCommand(" && ".join(f"mv -f {_shell_quote(f'{remote}.{owner}.sgc-new')} {_shell_quote(remote)}"
-                                    for _local, remote in uploads))
-
-
 def _plan_downloads(todo: list[tuple[Pin, DiskNeed]], seed: SeedSource | None) -> None:
     for pin, need in todo:
         peer_dir = seed.dir_for(pin.repo, pin.revision) if seed else None
@@ -515,16 +503,14 @@ def model_downloaded(
     seed = _seeded(seed, todo)
     _plan_downloads(todo, seed)
     yield StringCommand("install -d -m 755", REMOTE_DIR, CONFIG_DIR)
-    yield from _scripts_uploaded(owner)
+    yield from scripts_uploaded(owner, FETCH_SCRIPTS)
     token_file = None
     if token:
         token_file = token_path(owner)
         yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(token_file))
         yield FileUploadCommand(StringIO(token), token_file)
     if seed:
-        for path, text in ((seed_key_file(owner), seed.private_key), (seed_known_hosts_file(owner), seed.known_hosts)):
-            yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(path))
-            yield FileUploadCommand(StringIO(text), path)
+        yield from seed_files_uploaded(seed, owner)
     options = {"attempts": attempts, "backoff_s": backoff_s, "read_timeout_s": read_timeout_s, "endpoint": endpoint}
     for download in _downloads(python, todo, margin_bytes, options, token_file, seed, owner, in_place):
         yield FunctionCommand(_fetch, (download,), {})
