@@ -59,13 +59,26 @@ test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox
 ## make test: lint (ruff, mypy), unit tests (facts, operations, spec, stand-ins) + sandbox integration tests.
 ## Lint, the stand-ins' test venvs and the unit tests (CPU, loopback only) run beside the integration
 ## tests, which mostly wait on the sandbox hosts; their output follows the integration tests' (in
-## .sandbox/unit-tests.log). INTEGRATION=... / UNIT=... run a part (default: all).
+## .sandbox/unit-tests.log). The integration tests run on WORKERS pytest-xdist workers (default 2), each
+## taking whole groups (a module, or the modules that share hosts: tests/conftest.py), then the one test
+## that removes every host (marker runs_last) runs alone. Each phase's seconds and the JUnit reports go
+## to .sandbox/reports (.ci/report.py prints them). INTEGRATION=... / UNIT=... run a part (default: all).
 INTEGRATION ?= tests/integration
 UNIT ?= tests/unit
+WORKERS ?= 2
+REPORTS := .sandbox/reports
 test: setup .sandbox/nvml-venv/.installed
-	@mkdir -p .sandbox; ( $(MAKE) --no-print-directory lint test-venvs && \
-		$(PY) -m pytest -q -p no:cacheprovider $(UNIT) ) > .sandbox/unit-tests.log 2>&1 & unit=$$!; \
-	$(PY) -m pytest -q --durations=40 $(INTEGRATION); integration=$$?; \
+	@mkdir -p $(REPORTS); rm -f $(REPORTS)/*.xml $(REPORTS)/phases.txt; \
+	( s=$$(date +%s); $(MAKE) --no-print-directory lint test-venvs && \
+		$(PY) -m pytest -q -p no:cacheprovider --junitxml=$(REPORTS)/unit.xml $(UNIT); rc=$$?; \
+		echo "lint, test venvs and unit tests (beside the integration tests)	$$(( $$(date +%s) - s ))" >> $(REPORTS)/phases.txt; \
+		exit $$rc ) > .sandbox/unit-tests.log 2>&1 & unit=$$!; \
+	s=$$(date +%s); \
+	$(PY) -m pytest -q --durations=20 -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not runs_last" \
+		--junitxml=$(REPORTS)/integration.xml $(INTEGRATION); integration=$$?; \
+	$(PY) -m pytest -q -m runs_last --junitxml=$(REPORTS)/integration-last.xml $(INTEGRATION); last=$$?; \
+	[ $$last -eq 5 ] && last=0; [ $$integration -eq 0 ] && integration=$$last; \
+	echo "integration tests	$$(( $$(date +%s) - s ))" >> $(REPORTS)/phases.txt; \
 	wait $$unit; unit_status=$$?; \
 	echo "== lint, test venvs and unit tests (run beside the integration tests) =="; cat .sandbox/unit-tests.log; \
 	echo "== integration tests: exit $$integration; lint + unit tests: exit $$unit_status =="; \

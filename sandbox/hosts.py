@@ -468,6 +468,29 @@ def pip_settings() -> dict[str, str]:
     return settings
 
 
+GUEST_PIP_CACHE = "/root/.cache/pip"  # root's pip cache in the guest: the deploy runs pip as root
+
+
+def machine_pip_cache() -> Path | None:
+    """The machine's pip cache (PIP_CACHE_DIR, else $XDG_CACHE_HOME/pip or ~/.cache/pip), made if
+    missing; None when pip's cache is off here (PIP_NO_CACHE_DIR) or SGC_SHARE_PIP_CACHE=0.
+
+    Bound into every guest at root's pip cache, so a wheel is downloaded once per machine, not once per
+    guest (the ~8 GB real-server venv, the stand-in's packages): the guests' pip still resolves and
+    installs everything itself; only the download is saved, like a warm cache on a real host."""
+    if os.environ.get("SGC_SHARE_PIP_CACHE", "1") == "0" or os.environ.get("PIP_NO_CACHE_DIR", "").lower() in (
+            "1", "true", "yes", "on"):
+        return None
+    explicit = os.environ.get("PIP_CACHE_DIR")
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    cache = Path(explicit) if explicit else Path(xdg) / "pip"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return cache.resolve()
+
+
 def _guest_pip_conf() -> tuple[str, list[Path]]:
     """(pip.conf text, machine files to copy to the same path in the guest)."""
     settings = pip_settings()
@@ -694,6 +717,9 @@ def _launch_guest(index: int, merged: Path, layout: dict) -> SandboxHost:
     for d in WHEEL_DIRS:
         if os.path.isdir(d):
             nspawn.append(f"--bind-ro={d}")
+    cache = machine_pip_cache()
+    if cache is not None:  # every guest's pip downloads a wheel only if no guest (nor the checkout) has
+        nspawn.append(f"--bind={cache}:{GUEST_PIP_CACHE}")
     # own cgroup (else all --keep-unit guests share the caller's) and own session
     script = _supervisor_script(merged, cgdirs, nspawn)
     log = open(hdir / "nspawn.log", "ab")  # a killed host booted again: its earlier boots' lines kept
@@ -1093,10 +1119,10 @@ def remove(name: str) -> None:
         _write_state(state)
         if not state["hosts"]:
             _cleanup_globals()
-    from sandbox import hubd
+            # under the lock: a concurrent up() (another test process) starts the hub after this, not before
+            from sandbox import hubd
 
-    if not state["hosts"]:
-        hubd.stop()
+            hubd.stop()
 
 
 def down() -> list[str]:

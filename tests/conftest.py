@@ -2,7 +2,9 @@
 
 sandbox_hosts (session): two booted sandbox hosts (sandbox.hosts.up(2));
     its finalizer always calls sandbox.hosts.down() (also on a failure or
-    Ctrl-C), so no guest, namespace, mount or NAT rule outlives the run.
+    Ctrl-C), so no guest, namespace, mount or NAT rule outlives the run;
+    in a pytest-xdist worker it removes only sgc1 and sgc2 (the other
+    workers' hosts are in use; .ci/run ends with `python -m sandbox down`).
 run_pyinfra: run the pyinfra CLI against the sandbox hosts.
 
 Tests that boot sandbox hosts are marked @pytest.mark.sandbox; they need
@@ -39,10 +41,39 @@ def _sandbox_unavailable() -> str | None:
     return None
 
 
+# `make test` runs the integration tests on two pytest-xdist workers (--dist loadgroup): a worker takes
+# a whole group at a time, and a group is a module, or the modules that share hosts (their pytestmark:
+# xdist_group(SHARED_CONVERGED_GROUP) on sgc280, xdist_group(FLEET_GROUP) on sgc10-14), so no two
+# workers boot the same host index. Groups go out in this order, the longest first (the durations
+# .ci/run prints), so no worker is left alone with a long group at the end; the rest follow by name.
+LONGEST_GROUPS_FIRST = (
+    "converged-sgc280", "test_real_server", "test_faults_hub", "fleet-sgc10-14", "test_faults_controller",
+    "test_two_servers", "test_router_key", "test_multinode", "test_faults_fleet", "test_download_faults",
+)
+
+
+def xdist_group_of(item) -> str:
+    """The item's xdist group: its own mark's, else its module's name."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return Path(str(item.fspath)).stem
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    # a test that removes other modules' hosts (marker runs_last) runs after all of them, so the
-    # session's shared hosts (the converged sgc280, the real server's sgc290) are booted only once
-    items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)  # stable: the order stays
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+
+    def order(item) -> tuple[bool, int]:
+        group = xdist_group_of(item)
+        rank = LONGEST_GROUPS_FIRST.index(group) if group in LONGEST_GROUPS_FIRST else len(LONGEST_GROUPS_FIRST)
+        # a test that removes other modules' hosts (marker runs_last) runs after all of them, so the
+        # session's shared hosts (the converged sgc280, the real server's sgc290) are booted only once
+        return item.get_closest_marker("runs_last") is not None, rank
+
+    items.sort(key=order)  # stable: within a group the order stays
     reason = _sandbox_unavailable()
     if reason is None:
         return
@@ -119,13 +150,21 @@ def sandbox_hosts():
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     hosts = SandboxHosts()
     hosts.netns_before = netns_names()
-    atexit.register(sandbox_api.down)  # backstop if the process dies oddly; down() is idempotent
+
+    def teardown() -> None:
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # the other workers' hosts are still in use
+            for name in ("sgc1", "sgc2"):
+                sandbox_api.remove(name)
+        else:
+            sandbox_api.down()
+
+    atexit.register(teardown)  # backstop if the process dies oddly; both are idempotent
     try:
         hosts.extend(sandbox_api.up(2))
         yield hosts
     finally:
-        sandbox_api.down()
-        atexit.unregister(sandbox_api.down)
+        teardown()
+        atexit.unregister(teardown)
 
 
 @pytest.fixture

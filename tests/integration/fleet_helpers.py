@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 INDEXES = [10, 11, 12, 13, 14]
 ROUTER = "sgc10"
+# the xdist group of the modules that share the fleet (pytestmark): one worker runs them, on one fleet
+FLEET_GROUP = "fleet-sgc10-14"
 SERVERS = ["sgc11", "sgc12", "sgc13", "sgc14"]
 ROUTER_URL = "http://10.77.10.2:30000"
 ENV = {"SGC_FLEET_INDEXES": "10-14", "SGC_FLEET_ROUTER": ROUTER, "PYINFRA_PROGRESS": "off"}

@@ -21,9 +21,9 @@ import pytest
 
 from sandbox import hubd
 from sandbox.hub import HubServer
-from tests.integration.helpers import boot_extra_host, grand_total, pyinfra, remove_host, shared_converged_host
+from tests.integration.helpers import SHARED_CONVERGED_GROUP, boot_extra_host, grand_total, pyinfra, remove_host, shared_converged_host
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 INDEX = 245  # this module's host
 # what the deploy writes (units, config, venv, models, state, caches); /srv/models may be a disk of its own

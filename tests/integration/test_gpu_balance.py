@@ -16,10 +16,10 @@ import shlex
 import pytest
 
 from sandbox import stale
-from tests.integration.helpers import sandbox_server_venv, grand_total, shared_converged_host
+from tests.integration.helpers import SHARED_CONVERGED_GROUP, sandbox_server_venv, grand_total, shared_converged_host
 from tests.integration.helpers import timed as timed_run
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 PYTHON = f"{sandbox_server_venv()}/bin/python"
 MIB = 1024 * 1024

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from tests.integration.helpers import grand_total, pyinfra, shared_converged_host, unit_props
+from tests.integration.helpers import SHARED_CONVERGED_GROUP, grand_total, pyinfra, shared_converged_host, unit_props
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 KEY = "sk-secrecy-4c1d9e7a2b"
 # The key as a grep pattern that does not match itself: grep's own /proc/PID/cmdline holds the pattern

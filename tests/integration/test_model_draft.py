@@ -18,10 +18,10 @@ import runpy
 
 import pytest
 
-from tests.integration.helpers import ROOT, grand_total, shared_converged_host, unit_props
+from tests.integration.helpers import SHARED_CONVERGED_GROUP, ROOT, grand_total, shared_converged_host, unit_props
 from tests.integration.helpers import timed as timed_run
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 MODEL = ("--data", "model=sandbox-tiny-eagle3")
 # the pinned revisions' own dirs (<model_dir>-revisions/<revision[:12]>), what the server reads

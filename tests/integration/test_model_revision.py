@@ -17,10 +17,10 @@ import re
 
 import pytest
 
-from tests.integration.helpers import grand_total, shared_converged_host
+from tests.integration.helpers import SHARED_CONVERGED_GROUP, grand_total, shared_converged_host
 from tests.integration.helpers import timed as timed_run
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 NEXT = ("--data", "model=sandbox-tiny-next")
 REVISIONS = "/srv/models/tiny-revisions"

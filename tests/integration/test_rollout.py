@@ -13,6 +13,7 @@ import pytest
 
 from core.paths import fetch_unit_name
 from tests.integration.fleet_helpers import (
+    FLEET_GROUP,
     ROUTER,
     SERVERS,
     first_converge,
@@ -23,7 +24,7 @@ from tests.integration.fleet_helpers import (
     summary,
 )
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(FLEET_GROUP)]
 
 TIMINGS: dict[str, float] = {}
 # fast restarts: the stand-in's fallback parser, 1 s load (the deploy still checks with SGLang's parser)

@@ -17,6 +17,7 @@ import pytest
 
 from tests.integration.clients import CLIENTS, Clients
 from tests.integration.fleet_helpers import (
+    FLEET_GROUP,
     ENV,
     ROOT,
     ROUTER,
@@ -30,7 +31,7 @@ from tests.integration.fleet_helpers import (
     wait_for_ssh,
 )
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(FLEET_GROUP)]
 
 
 @pytest.fixture(scope="module")

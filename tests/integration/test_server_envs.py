@@ -18,10 +18,10 @@ import runpy
 
 import pytest
 
-from tests.integration.helpers import (ROOT, BackgroundDeploy, grand_total, pyinfra, shared_converged_host,
+from tests.integration.helpers import (SHARED_CONVERGED_GROUP, ROOT, BackgroundDeploy, grand_total, pyinfra, shared_converged_host,
                                        unit_props, wait_until)
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 TIMINGS: dict[str, float] = {}
 ENVS = "/opt/sglang/venv-envs"

@@ -12,13 +12,13 @@ import runpy
 
 import pytest
 
-from tests.integration.helpers import (ROOT, BackgroundDeploy, grand_total, pyinfra, shared_converged_host,
+from tests.integration.helpers import (SHARED_CONVERGED_GROUP, ROOT, BackgroundDeploy, grand_total, pyinfra, shared_converged_host,
                                        unit_props, wait_until)
 from tests.integration.test_faults_controller import drop_ssh
 from tests.integration.test_model_revision import NEW_DIR, OLD_DIR, inodes, model_path_of_the_unit
 from tests.integration.test_server_envs import ENVS, EXTRA, invocation, package_list, serving_venv
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 TIMINGS: dict[str, float] = {}
 

@@ -22,9 +22,9 @@ import time
 
 import pytest
 
-from tests.integration.helpers import ROOT, grand_total, pyinfra, shared_converged_host, unit_props, wait_until
+from tests.integration.helpers import SHARED_CONVERGED_GROUP, ROOT, grand_total, pyinfra, shared_converged_host, unit_props, wait_until
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
 TIMINGS: dict[str, float] = {}
 
