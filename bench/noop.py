@@ -95,10 +95,11 @@ def ansible_setup(host, spec, folder: Path) -> Path:
     for name, path in (("unit", spec.unit_path), ("options", spec.options_path), ("env", spec.env_path),
                        ("launcher", SERVER_LAUNCHER)):
         (folder / "files" / name).write_text(host.run(["cat", str(path)]).stdout)
-    marker = json.loads(host.run(["cat", f"{spec.model_dir}/.sglang-converge.json"]).stdout)
+    # what the deploy converged: the pinned revision's dir and the package set's venv (paths from the spec)
+    marker = json.loads(host.run(["cat", f"{spec.model_path}/.sglang-converge.json"]).stdout)
     variables = {
-        "gpu_count": len(spec.gpu_ids), "listen_port": spec.listen_port, "model_dir": spec.model_dir,
-        "venv_python": spec.venv_python, "venv_path": spec.venv_path, "packages": list(spec.packages),
+        "gpu_count": len(spec.gpu_ids), "listen_port": spec.listen_port, "model_dir": spec.model_path,
+        "venv_python": spec.venv_python, "venv_path": spec.server_venv, "packages": list(spec.packages),
         "packages_no_deps": list(getattr(spec, "packages_no_deps", []) or []), "model_revision": marker["revision"],
         "unit_name": spec.unit_name, "unit_path": spec.unit_path, "options_path": spec.options_path,
         "env_path": spec.env_path, "launcher_path": str(SERVER_LAUNCHER), "served_name": spec.served_model_name,
@@ -135,9 +136,9 @@ def measure(host, pyinfra_argv: list[str], repeats: int) -> dict:
     """noop_s, ansible_noop_s and floor_noop_s (medians of interleaved runs) and their ratios."""
     if not (ANSIBLE_VENV / "bin" / "ansible-playbook").exists():
         raise SystemExit(f"bench: no {ANSIBLE_VENV}/bin/ansible-playbook: run `make bench` (it installs ansible-core)")
-    state = json.loads((Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox")) / "hosts.json")
-                       .read_text())
-    spec = host_spec(host.name, state["hosts"][host.name])
+    from sandbox import hosts as sandbox_api
+
+    spec = host_spec(host.name, sandbox_api._read_state()["hosts"][host.name])
     runs: dict[str, list[float]] = {"deploy": [], "ansible": [], "floor": []}
     facts: list[int] = []
     with tempfile.TemporaryDirectory(prefix="sgc-bench-noop-") as tmp:

@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 INDEXES = [25, 26, 27]
 NAMES = [f"sgc{i}" for i in INDEXES]
 ENV = {"SGC_FLEET_INDEXES": "25-27", "SGC_FLEET_ROUTER": "", "PYINFRA_PROGRESS": "off"}
-MODEL_DIR = "/srv/models/tiny"  # group_data/sandbox.py's model, served_model_name "tiny"
 ROLLOUT = [sys.executable, "-m", "rollout", "inventory/sandbox_fleet.py", "-q"]
 
 
@@ -57,9 +56,16 @@ def _set_rate(mbps: float | None) -> None:
     time.sleep(1.0)  # the hub reads the file every 0.25 s
 
 
+def model_path(host) -> str:
+    """The pinned revision's dir the deploy converges on ``host`` (Spec.model_path: group_data/sandbox.py's model)."""
+    from bench.noop import host_spec
+
+    return host_spec(host.name, sandbox_api._read_state()["hosts"][host.name]).model_path
+
+
 def one_round(hosts, seeded: bool) -> dict:
     for host in hosts:
-        host.run(f"rm -rf {MODEL_DIR}")
+        host.run(f"rm -rf {model_path(host)}")
     hubd.stats(reset=True)
     took, out = _rollout("--canary", "1", "--batch-size", "2", *([] if seeded else ["--no-seed"]))
     stats = hubd.stats()
@@ -68,7 +74,7 @@ def one_round(hosts, seeded: bool) -> dict:
 
 
 def measure(hosts, repeats: int) -> dict:
-    marker = json.loads(hosts[0].run(f"cat {MODEL_DIR}/.sglang-converge.json").stdout)
+    marker = json.loads(hosts[0].run(f"cat {model_path(hosts[0])}/.sglang-converge.json").stdout)
     model_bytes = sum(marker["files"].values())
     runs: dict[str, list[dict]] = {"hub": [], "seeded": []}
     for _ in range(repeats):  # interleaved, so both modes see the same machine

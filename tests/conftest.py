@@ -18,6 +18,7 @@ test's id and reason (tests/unit/test_ci_skips.py proves it).
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import signal
 import subprocess
@@ -41,9 +42,9 @@ def _sandbox_unavailable() -> str | None:
     return None
 
 
-# `make test` runs the integration tests on two pytest-xdist workers (--dist loadgroup): a worker takes
-# a whole group at a time, and a group is a module, or the modules that share hosts (their pytestmark:
-# xdist_group(SHARED_CONVERGED_GROUP) on sgc280, xdist_group(FLEET_GROUP) on sgc10-14), so no two
+# `make test` runs the integration tests on two pytest-xdist workers: a worker takes a whole group at a
+# time, and a group is a module, or the modules that share hosts (their pytestmark:
+# xdist_group(SHARED_CONVERGED_GROUP) on sgc280, xdist_group(FLEET_GROUP) on sgc10-14, ...), so no two
 # workers boot the same host index. Groups go out in this order, the longest first (the durations
 # .ci/run prints), so no worker is left alone with a long group at the end; the rest follow by name.
 LONGEST_GROUPS_FIRST = (
@@ -52,20 +53,47 @@ LONGEST_GROUPS_FIRST = (
 )
 
 
+def _group_of_marks(marks) -> str | None:
+    for mark in marks if isinstance(marks, list | tuple) else [marks]:
+        if getattr(mark, "name", None) == "xdist_group":
+            return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return None
+
+
 def xdist_group_of(item) -> str:
-    """The item's xdist group: its own mark's, else its module's name."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is not None:
-        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    return Path(str(item.fspath)).stem
+    """The item's host group: its xdist_group mark's name, else its module's name."""
+    return _group_of_marks(list(item.iter_markers("xdist_group"))) or Path(str(item.fspath)).stem
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def group_of_nodeid(nodeid: str) -> str:
+    """The host group of a test id ("tests/integration/test_x.py::test_y"), from its module's pytestmark:
+    what the xdist controller, which collects nothing itself, schedules by."""
+    path = nodeid.split("::", 1)[0]
+    stem = Path(path).stem
+    if not path.endswith(".py"):
+        return stem
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    return _group_of_marks(getattr(module, "pytestmark", [])) or stem
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole host groups per worker, in collection order (make test passes --dist loadgroup).
+
+    xdist's own loadgroup reads the groups from a suffix it writes into each test's node id, which
+    pytest 9.2 no longer lets it write (Node._nodeid became Node._id): every test would go its own way,
+    and two workers would boot and converge the same shared host. This scheduler asks each test's
+    module for its group instead."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HostGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of_nodeid(nodeid)
+
+    return HostGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
-
     def order(item) -> tuple[bool, int]:
         group = xdist_group_of(item)
         rank = LONGEST_GROUPS_FIRST.index(group) if group in LONGEST_GROUPS_FIRST else len(LONGEST_GROUPS_FIRST)

@@ -90,6 +90,8 @@ def timed(timings: dict[str, float], name: str, *args: str, **kwargs) -> subproc
 SHARED_INDEX = 280  # the converged host test_gpu_balance, test_key_secrecy and test_model_draft share
 # the xdist group of the modules that share it (pytestmark): one worker runs them all, on one sgc280
 SHARED_CONVERGED_GROUP = "converged-sgc280"
+# the xdist group of the modules that use sgc1: test_demo.py (`make demo` boots it), then test_sandbox.py
+SGC1_GROUP = "sgc1-2"
 _SHARED: dict = {}
 
 

@@ -14,8 +14,9 @@ import pytest
 
 from sandbox import hosts as H
 from sandbox.stale import start_stale, stop_stale
+from tests.integration.helpers import SGC1_GROUP
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SGC1_GROUP)]  # sgc1: after test_demo.py
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,6 +94,22 @@ def test_guest_pip_sees_machine_wheels(sandbox_hosts):
     assert conf.startswith("[global]")
 
 
+def test_guests_share_the_machines_pip_cache(sandbox_hosts):
+    """A file one guest's pip cache gets is in the machine's cache and in every other guest's: a wheel is
+    downloaded once per machine (H.machine_pip_cache, bound at root's pip cache in each guest)."""
+    cache = H.machine_pip_cache()
+    assert cache is not None and cache.is_dir()
+    probe = f".sgc-share-probe-{os.getpid()}"
+    first, second = sandbox_hosts
+    try:
+        assert second.run(f"test -e {H.GUEST_PIP_CACHE}/{probe}", check=False).returncode != 0  # not there yet
+        first.run(f"echo from-{first.name} > {H.GUEST_PIP_CACHE}/{probe}")
+        assert (cache / probe).read_text() == f"from-{first.name}\n"
+        assert second.run(f"cat {H.GUEST_PIP_CACHE}/{probe}").stdout == f"from-{first.name}\n"
+    finally:
+        (cache / probe).unlink(missing_ok=True)
+
+
 def test_stale_unit_with_restart_always(sandbox_hosts):
     host = sandbox_hosts[0]
     pid = start_stale(host, gpu=0, gib=55, unit="other-llm", restart_always=True)
@@ -148,7 +165,8 @@ def test_set_disk_and_grow_disk(sandbox_hosts):
 
 
 def test_pyinfra_reaches_the_hosts(run_pyinfra):
-    proc = run_pyinfra("exec", "--", "cat /etc/hostname")
+    # limited to this module's hosts: other workers' hosts may be booting or going away meanwhile
+    proc = run_pyinfra("exec", "--", "cat /etc/hostname", limit="sgc[12]")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     # pyinfra pads host names to the longest one in the inventory
