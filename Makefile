@@ -59,20 +59,19 @@ test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox
 ## make test: lint (ruff, mypy), unit tests (facts, operations, spec, stand-ins) + sandbox integration tests.
 ## Lint, the stand-ins' test venvs and the unit tests (CPU, loopback only) run beside the integration
 ## tests, which mostly wait on the sandbox hosts; their output follows the integration tests' (in
-## .sandbox/unit-tests.log). The integration tests run on WORKERS pytest-xdist workers (default 2), each
-## taking whole groups (a module, or the modules that share hosts: tests/conftest.py), then the one test
-## that removes every host (marker runs_last) runs alone. Each phase's seconds and the JUnit reports go
-## to .sandbox/reports (.ci/report.py prints them). INTEGRATION=... / UNIT=... run a part (default: all).
+## REPORTS/unit-tests.log). The integration tests run on WORKERS pytest-xdist workers (default 2), each
+## taking whole groups (a module, or the modules that share hosts: tests/conftest.py), then the tests that
+## remove every host (marker runs_last) run alone. Each phase's seconds and the JUnit reports go to
+## REPORTS (default .sandbox/reports; .ci/report.py prints them). INTEGRATION=... / UNIT=... run a part.
 INTEGRATION ?= tests/integration
 UNIT ?= tests/unit
 WORKERS ?= 2
-REPORTS := .sandbox/reports
+REPORTS ?= .sandbox/reports
 test: setup .sandbox/nvml-venv/.installed
 	@mkdir -p $(REPORTS); rm -f $(REPORTS)/*.xml $(REPORTS)/phases.txt; \
-	( s=$$(date +%s); $(MAKE) --no-print-directory lint test-venvs && \
-		$(PY) -m pytest -q -p no:cacheprovider --junitxml=$(REPORTS)/unit.xml $(UNIT); rc=$$?; \
+	( s=$$(date +%s); $(MAKE) --no-print-directory lint test-venvs unit; rc=$$?; \
 		echo "lint, test venvs and unit tests (beside the integration tests)	$$(( $$(date +%s) - s ))" >> $(REPORTS)/phases.txt; \
-		exit $$rc ) > .sandbox/unit-tests.log 2>&1 & unit=$$!; \
+		exit $$rc ) > $(REPORTS)/unit-tests.log 2>&1 & unit=$$!; \
 	s=$$(date +%s); \
 	$(PY) -m pytest -q --durations=20 -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not runs_last" \
 		--junitxml=$(REPORTS)/integration.xml $(INTEGRATION); integration=$$?; \
@@ -80,7 +79,7 @@ test: setup .sandbox/nvml-venv/.installed
 	[ $$last -eq 5 ] && last=0; [ $$integration -eq 0 ] && integration=$$last; \
 	echo "integration tests	$$(( $$(date +%s) - s ))" >> $(REPORTS)/phases.txt; \
 	wait $$unit; unit_status=$$?; \
-	echo "== lint, test venvs and unit tests (run beside the integration tests) =="; cat .sandbox/unit-tests.log; \
+	echo "== lint, test venvs and unit tests (run beside the integration tests) =="; cat $(REPORTS)/unit-tests.log; \
 	echo "== integration tests: exit $$integration; lint + unit tests: exit $$unit_status =="; \
 	[ $$integration -eq 0 ] && [ $$unit_status -eq 0 ]
 
@@ -89,8 +88,10 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+## make unit: the unit tests (UNIT=...), their JUnit report in REPORTS
 unit: $(VENV)/.installed
-	$(PY) -m pytest -q tests/unit
+	@mkdir -p $(REPORTS)
+	$(PY) -m pytest -q -p no:cacheprovider --junitxml=$(REPORTS)/unit.xml $(UNIT)
 
 ## make demo: boot a sandbox GPU host and converge it (KEEP=1 leaves it running; REAL=1: the real
 ## SGLang server on a sandbox host's CPU, answering a chat request)
@@ -107,9 +108,11 @@ ANSIBLE_CORE := ansible-core==2.19.14
 
 ## make bench: every benchmark, then a table of every figure with its goal; PART=noop (report, gates, rollout,
 ## transfer, seeding, scale) runs one part and keeps the other parts' figures in bench/results/latest.json
+## QUICK=1: every part once at its smallest size (figures in .sandbox/bench-quick.json; make test runs it)
 PART ?=
+QUICK ?= 0
 bench: setup .sandbox/ansible-venv/.installed
-	$(PY) -m bench $(foreach p,$(PART),--part $(p))
+	$(PY) -m bench $(foreach p,$(PART),--part $(p)) $(if $(filter 1,$(QUICK)),--quick,)
 
 ## make rollout INVENTORY=inventory/sandbox_fleet.py BATCH=2 CANARY=1: rolling rollout of deploy.py (python -m rollout)
 INVENTORY ?= inventory/sandbox_fleet.py

@@ -28,6 +28,11 @@ its figures replace theirs in latest.json, the others' stay (scale: --part scale
 
 Absolute seconds depend on the machine; the ratios are the result. Nothing
 here is asserted: tests assert behaviour, benchmarks measure.
+
+`--quick` (`make bench QUICK=1`) runs every part once at its smallest size (one
+round, a 40 MB transfer, scale over 1 and 2 hosts), its figures in
+.sandbox/bench-quick.json: not a measurement, a check that every part still
+runs (`make test` runs it: tests/integration/test_bench.py).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.results import RESULTS, record, start
+from bench import results
+from bench.results import record, start
 from bench.table import main as table
 from sandbox import hosts as sandbox_api
 
@@ -114,7 +120,18 @@ def report_delay(host, outcome: str) -> dict:
 PARTS = ("noop", "report", "gates", "rollout", "transfer", "seeding", "scale", "staged")
 
 
-def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
+# each part's arguments in --quick mode: one round, the smallest sizes
+QUICK_ARGS = {
+    "rollout": ["--rounds", "1"],
+    "transfer": ["--size-mb", "40", "--shards", "2", "--repeats", "1"],
+    "seeding": ["--repeats", "1"],
+    "scale": ["--hosts", "1,2", "--repeats", "1"],
+    "staged": ["--repeats", "1"],
+}
+QUICK_RESULTS = ROOT / ".sandbox" / "bench-quick.json"
+
+
+def host_parts(parts: list[str], repeats: int, keep: bool, quick: bool = False) -> None:
     """(a), (b) and (g), on sgc9: converged once, then measured."""
     from bench.noop import measure
 
@@ -126,7 +143,7 @@ def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
         if "noop" in parts:
             # each of its runs takes about a second, the floor's half of one, and the ssh handshake alone
             # moves by a tenth: at least five interleaved rounds for a median that holds from run to run
-            rounds = max(repeats, 5)
+            rounds = 1 if quick else max(repeats, 5)
             a = measure(host, ["-y", "-v", "--limit", HOST, "inventory/sandbox.py", "deploy.py"], rounds)
             print(f"(a) no-op re-run: deploy {a['noop_s']:.2f} s ({a['noop_host_commands']} commands on the host) vs "
                   f"Ansible {a['ansible_noop_s']:.2f} s ({a['ansible_tasks']} tasks) -> ansible_over_noop "
@@ -148,7 +165,7 @@ def host_parts(parts: list[str], repeats: int, keep: bool) -> None:
         if "gates" in parts:
             from bench.gates import describe, measure as measure_gates
 
-            g = measure_gates(pyinfra, max(repeats, 3))
+            g = measure_gates(pyinfra, 1 if quick else max(repeats, 3))
             print(describe(g), flush=True)
             record({k: v for k, v in g.items() if k != "gates_parts"})
             pyinfra("deploy.py")  # back to the settings' own environment
@@ -164,37 +181,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help=f"leave {HOST} running")
     parser.add_argument("--part", action="append", choices=PARTS,
                         help="run only this part (repeatable; default: all, and latest.json starts afresh)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"every part once at its smallest size, figures in {QUICK_RESULTS.relative_to(ROOT)} "
+                             "(a check that the benches run, not a measurement)")
     args = parser.parse_args(argv)
     parts = args.part or list(PARTS)
+    quick = args.quick
+    if quick:
+        args.repeats = 1
+        results.RESULTS = QUICK_RESULTS  # what record() and start() write
+
+    def part_args(name: str) -> list[str]:
+        return QUICK_ARGS.get(name, []) if quick else []
+
     if not args.part:
         start()  # bench/results/latest.json: this run's figures only
     code = 0
     try:
         if "noop" in parts or "report" in parts or "gates" in parts:
-            host_parts(parts, args.repeats, args.keep)
+            host_parts(parts, args.repeats, args.keep, quick)
         if "rollout" in parts:
             from bench.rollout import main as rollout_bench  # (c) the rolling rollout's overhead per host
 
-            code = rollout_bench([])
+            code = rollout_bench(part_args("rollout"))
         if "transfer" in parts:
             from bench.transfer import main as transfer_bench  # (d) download and verification vs curl, sha256sum
 
-            transfer_bench([])
+            transfer_bench(part_args("transfer"))
         if "seeding" in parts:
             from bench.seeding import main as seeding_bench  # (e) a 3-host rollout with peer seeding vs all from the Hub
 
-            code = code or seeding_bench([])
+            code = code or seeding_bench(part_args("seeding"))
         if "scale" in parts:
             from bench.scale import main as scale_bench  # (f) 1 -> 50 hosts: dry run, no-op re-run
 
-            code = code or scale_bench([])
+            code = code or scale_bench(part_args("scale"))
         if "staged" in parts:
             from bench.staged import main as staged_bench  # (h) a 4-server rollout of a change, staged vs unstaged
 
-            code = code or staged_bench([])
+            code = code or staged_bench(part_args("staged"))
     finally:
-        print(f"bench: figures in {RESULTS.relative_to(ROOT)}")
-        table()
+        print(f"bench: figures in {results.RESULTS}")
+        table(results.RESULTS)
     return code
 
 

@@ -8,6 +8,8 @@ import json
 import time
 from pathlib import Path
 
+# `python -m bench --quick` points it at .sandbox/bench-quick.json: a smoke run of the benches never
+# replaces the figures of a real one
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
 

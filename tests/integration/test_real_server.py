@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import runpy
 import shlex
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -490,3 +492,25 @@ def test_restarts_behind_the_real_router_under_load_fail_no_request(request, sta
           f"p50 {stats['p50'] * 1000:.0f} ms, p95 {stats['p95'] * 1000:.0f} ms, p99 {stats['p99'] * 1000:.0f} ms")
     assert clients.failures == [], clients.failures[:5]
     assert healthy(router_url) == sorted([worker, probe])
+
+
+# --------------------------------------------------------------------------- the README's `make demo REAL=1`
+
+
+def test_make_demo_real_keep_answers_a_chat_request_and_keeps_the_host(real):
+    """The README's `make demo REAL=1` with KEEP=1, run last in this module: the demo's host is sgc290
+    (sandbox.demo.REAL_HOST_INDEX), already converged here, so its converge is the switch to the demo's
+    settings (no API key: one restart), its second converge changes nothing, the real server answers its
+    chat request, and KEEP=1 leaves the host up (the session removes it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES",
+                                                            "SGLANG_API_KEY")}
+    proc = subprocess.run(["make", "demo", "REAL=1", "KEEP=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "demo: milestone: the second converge changed nothing" in out, out[-6000:]
+    answer = out[out.index("4. the real server answers a chat request"):]
+    assert "'role': 'assistant'" in answer, answer[-3000:]
+    assert "served by sglang 0.5.23 (device cpu, KV pool 8192 tokens)" in answer, answer[-3000:]
+    assert "kept running" in answer
+    assert real.run("systemctl is-active sglang.service", check=False).stdout.strip() == "active"

@@ -5,7 +5,9 @@ that stops the rollout (rolled back) with the other hosts untouched, and a
 rollback on demand behind the router."""
 
 import json
+import os
 import re
+import subprocess
 import time
 import uuid
 
@@ -13,7 +15,9 @@ import pytest
 
 from core.paths import fetch_unit_name
 from tests.integration.fleet_helpers import (
+    ENV,
     FLEET_GROUP,
+    ROOT,
     ROUTER,
     SERVERS,
     first_converge,
@@ -282,3 +286,25 @@ def test_rollback_on_demand_puts_the_previous_good_configuration_back_behind_the
     # the rollout's configuration serves again: a rollout of its settings changes nothing
     again = rollout("--limit", name, "--group-data", rolled[0])
     assert again.returncode == 0 and summary(again.out)[name]["changed"] == "no", again.out[-5000:]
+
+
+def test_the_readmes_stage_only_and_make_rollout_on_the_serving_fleet(hosts, rolled):
+    """The README's `python -m rollout INVENTORY --stage-only` and `make rollout INVENTORY=... BATCH=2 CANARY=1`
+    on the fleet as it serves the rolling rollout's settings: the stage of the default settings (the same
+    packages and model) restarts nothing; `make rollout` then switches every server to them, canary first."""
+    before = {n: started_us(hosts[n]) for n in SERVERS}
+    staged = rollout("--stage-only")
+    assert staged.returncode == 0, staged.out[-5000:]
+    rows = summary(staged.out)
+    assert [rows[n]["restarted"] for n in SERVERS] == ["no"] * len(SERVERS), rows
+    assert {n: started_us(hosts[n]) for n in SERVERS} == before
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    proc = subprocess.run(["make", "rollout", "INVENTORY=inventory/sandbox_fleet.py", "BATCH=2", "CANARY=1"], cwd=ROOT,
+                          env={**env, **ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    rows = summary(out)
+    assert [(rows[n]["result"], rows[n]["restarted"]) for n in SERVERS] == [("ok", "yes")] * len(SERVERS), rows
+    assert [rows[n]["batch"] for n in SERVERS] == ["canary", "1", "1", "2"], rows
+    assert all(started_us(hosts[n]) > before[n] for n in SERVERS)
+    assert "SGC_ROLLOUT" not in hosts[SERVERS[0]].run("cat /etc/sglang/sglang.env").stdout  # the default settings

@@ -69,6 +69,11 @@ def test_a_fault_during_a_stage_leaves_what_serves_untouched(host, how):
 
 def test_the_next_stage_finishes_without_a_restart_and_the_deploy_only_switches(host):
     before = serving(host)
+    # the README's `pyinfra INVENTORY stage.py --dry`: the plan, and nothing moves
+    dry = pyinfra("stage.py", *change(), "--dry", limit=host.name)
+    assert dry.returncode == 0, dry.out[-4000:]
+    assert "plan: download " in dry.out, dry.out[-4000:]
+    assert serving(host) == before
     staged = pyinfra("stage.py", *change(), limit=host.name, timeout=1200)
     assert staged.returncode == 0, staged.out[-6000:]
     assert serving(host) == before  # built and downloaded beside it, verified, nothing switched
@@ -84,3 +89,8 @@ def test_the_next_stage_finishes_without_a_restart_and_the_deploy_only_switches(
     assert after["invocation"] != before["invocation"] and after["model"] == NEW_DIR
     assert after["packages"] == sorted([*before["packages"], EXTRA])
     assert package_list(host, before["venv"]) == before["packages"] and inodes(host, OLD_DIR) == before["files"]
+    # the README's `pyinfra INVENTORY rollback.py --dry`: it names what it would put back, and nothing moves
+    dry = pyinfra("rollback.py", "--dry", limit=host.name)
+    assert dry.returncode == 0, dry.out[-4000:]
+    assert "plan: put back " in dry.out and " and restart sglang.service" in dry.out, dry.out[-4000:]
+    assert serving(host) == after

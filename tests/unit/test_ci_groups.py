@@ -22,7 +22,7 @@ INTEGRATION = sorted((ROOT / "tests" / "integration").glob("test_*.py"))
 SHARED_HOSTS = {
     r"\bshared_converged_host\(": SHARED_CONVERGED_GROUP,  # sgc280
     r"\bfleet\(request\)": FLEET_GROUP,  # sgc10-14
-    r"\bsandbox_hosts\b|\bmake\", \"demo\"": SGC1_GROUP,  # sgc1 (and sgc2)
+    r"\bsandbox_hosts\b|\[\"make\", \"demo\"\]": SGC1_GROUP,  # sgc1 (and sgc2); `make demo REAL=1` uses sgc290
 }
 
 

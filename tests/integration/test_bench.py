@@ -1,0 +1,59 @@
+"""`make bench`, the README's benchmark command, in its quick mode (`make bench QUICK=1`: every part once,
+at its smallest size): each part still runs to its figures, through the same entry point as a real
+measurement, its figures in .sandbox/bench-quick.json (bench/results/latest.json, a real run's, is left
+as it was). Nothing here times anything: benchmarks measure, this test only checks they run.
+
+One `make bench QUICK=1 PART=...` per test, by the hosts each part boots (sgc9: noop, report, gates;
+sgc15-19: rollout; sgc25-27: seeding; sgc100-101: scale; sgc35-39: staged; none: transfer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.integration.helpers import ROOT
+
+pytestmark = pytest.mark.sandbox
+
+QUICK_RESULTS = ROOT / ".sandbox" / "bench-quick.json"
+LATEST = ROOT / "bench" / "results" / "latest.json"
+
+# PART=... -> (the lines each part prints, the figures it records)
+PARTS = {
+    "noop report gates": (["(a) no-op re-run: deploy ", "(b) report delay after the server became ready",
+                           "(b) report delay after the server failed", "(g) readiness gates: "],
+                          ["noop_s", "ansible_noop_s", "ansible_over_noop", "noop_over_floor", "ready_report_s",
+                           "crash_report_s", "gates_s", "gates_over_restart"]),
+    "transfer": (["(d) download 40 MB: fetch_model", "(d) verify 40 MB: hash_files"],
+                 ["download_over_curl", "verify_over_sha256sum"]),
+    "rollout": (["(c) "], ["rollout_overhead_per_host_s"]),
+    "seeding": (["(e) 3-host rollout of a missing revision"], ["seed_rollout_s", "seed_hub_bytes_over_model"]),
+    "scale": (["bench: scale: (f) 2 hosts vs 1: dry run x"], ["scale_dry_2_over_1", "scale_noop_2_over_1"]),
+    "staged": (["(h) 4-server rollout of new packages + a new revision: staged "],
+               ["staged_rollout_over_unstaged"]),
+}
+
+
+def latest_figures() -> str | None:
+    return LATEST.read_text() if LATEST.exists() else None
+
+
+@pytest.mark.parametrize("part", PARTS, ids=[p.replace(" ", "+") for p in PARTS])
+def test_make_bench_quick_runs_each_part_to_its_figures(part):
+    lines, figures = PARTS[part]
+    latest_before = latest_figures()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    proc = subprocess.run(["make", "bench", "QUICK=1", f"PART={part}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=2400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    missing = [line for line in lines if line not in out]
+    assert not missing, (missing, out[-6000:])
+    recorded = json.loads(QUICK_RESULTS.read_text())
+    assert not [f for f in figures if not isinstance(recorded.get(f), int | float)], (figures, recorded)
+    assert f"bench: figures in {QUICK_RESULTS}" in out
+    assert latest_figures() == latest_before  # a real run's figures are not replaced by a quick one's
