@@ -15,6 +15,11 @@ extra_server_args = [
     "--device", "cpu",            # SGLang's CPU platform (intel_amx attention, falls back to torch_native)
     "--max-total-tokens", "8192",  # bound the KV pool: unbounded the CPU pool took 14 GB here
     "--enable-metrics",            # not a CPU difference: /metrics, held to the stand-in's (test_real_server.py)
+    # SGLang's scheduler busy-polls its sockets while idle: on the sandbox's 2 shared cores an idle real
+    # server took 85% of one (measured with ps while the other tests ran). sglang 0.5.23's own
+    # --sleep-on-idle ("Reduce CPU usage when sglang is idle", srt/arg_groups/fields/device.py) makes
+    # it wait on them instead (srt/managers/scheduler.py: IdleSleeper)
+    "--sleep-on-idle",
 ]
 extra_env = {
     "SGLANG_USE_CPU_ENGINE": "1",  # the CPU platform; without it SGLang looks for vllm's CUDA ops

@@ -42,6 +42,9 @@ def real(request):
     host = shared_real_host(request, TIMINGS, env=ENV)
     yield host
     print("\nreal server timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in TIMINGS.items()))
+    # this module is the real host's only user: its server (GBs of RAM, a busy scheduler between requests
+    # without --sleep-on-idle) does not outlive it while the other modules run
+    remove_host(host)
 
 
 def curl(host, path: str, data: str | None = None, auth: bool = True, port: int = 30000) -> tuple[int, str]:
