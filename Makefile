@@ -73,6 +73,7 @@ test: setup .sandbox/nvml-venv/.installed
 		echo "lint, test venvs and unit tests (beside the integration tests)	$$(( $$(date +%s) - s ))" >> $(REPORTS)/phases.txt; \
 		exit $$rc ) > $(REPORTS)/unit-tests.log 2>&1 & unit=$$!; \
 	s=$$(date +%s); \
+	export SGC_FAILURES_LOG=$(REPORTS)/failures.log; rm -f $(REPORTS)/failures.log; \
 	$(PY) -m pytest -q --durations=20 -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not runs_last" \
 		--junitxml=$(REPORTS)/integration.xml $(INTEGRATION); integration=$$?; \
 	$(PY) -m pytest -q -m runs_last --junitxml=$(REPORTS)/integration-last.xml $(INTEGRATION); last=$$?; \

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,11 @@ def pytest_sessionstart(session):
 def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):  # skip marks, skipif, pytest.skip in tests/fixtures
         _SKIPPED.append((report.nodeid, _skip_reason(report)))
+    if report.failed and not os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SGC_FAILURES_LOG"):
+        # each failure as it happens (make test sets it): an hour-long run need not end to be read
+        with open(os.environ["SGC_FAILURES_LOG"], "a") as log:
+            log.write(f"==== {report.nodeid} ({report.when}, {time.strftime('%H:%M:%S')})\n"
+                      f"{report.longreprtext[-6000:]}\n")
 
 
 def pytest_collectreport(report):
