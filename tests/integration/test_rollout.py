@@ -296,7 +296,7 @@ def test_the_readmes_stage_only_and_make_rollout_on_the_serving_fleet(hosts, rol
     staged = rollout("--stage-only")
     assert staged.returncode == 0, staged.out[-5000:]
     rows = summary(staged.out)
-    assert [rows[n]["restarted"] for n in SERVERS] == ["no"] * len(SERVERS), rows
+    assert [(rows[n]["result"], rows[n]["restarted"]) for n in SERVERS] == [("staged", "-")] * len(SERVERS), rows
     assert {n: started_us(hosts[n]) for n in SERVERS} == before
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     proc = subprocess.run(["make", "rollout", "INVENTORY=inventory/sandbox_fleet.py", "BATCH=2", "CANARY=1"], cwd=ROOT,
