@@ -88,7 +88,7 @@ def milestone(what: str, holds: bool, evidence: str) -> None:
     """Say a chapter's point held (`demo: milestone: ...`), or end the demo with what was seen instead."""
     if not holds:
         raise Failed(f"demo: milestone missed: {what}\n{evidence[-3000:]}")
-    console.print(f"[bold green]demo: milestone: {what}")
+    console.print(f"[bold green]demo: milestone: {what}", soft_wrap=True)  # one line whatever the width
 
 
 DISK_REFUSAL = "preflight: not enough disk for "
