@@ -55,7 +55,7 @@ def status_rows(text: str) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def nothing_up_before_or_after():
-    # the session's sgc1 and sgc2 (tests/conftest.py sandbox_hosts, booted again by test_sandbox's last
+    # the session fixture's sgc1 and sgc2 (tests/conftest.py, booted again by test_sandbox's last
     # test) may be up: any other host would be another module's, still running beside this one
     others = [h.name for h in H.load_hosts() if h.name not in ("sgc1", "sgc2")]
     assert not others, f"another module's hosts are still up: {others} (this module runs last, alone)"
