@@ -28,6 +28,13 @@ def pyinfra(*args: str, limit: str, env: dict | None = None, timeout: float = 90
     return proc
 
 
+def newcomer_env(*drop: str) -> dict[str, str]:
+    """This process's environment without an outer make's variables (`make test` runs the tests that run
+    `make demo`, `make bench`, ...: each runs as a newcomer's shell would), nor the names in ``drop``."""
+    outer_make = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    return {k: v for k, v in os.environ.items() if k not in outer_make and k not in drop}
+
+
 def grand_total(output: str) -> tuple[int, int, int]:
     """(success, error, no change) from pyinfra's results table."""
     match = re.search(r"Grand total\s+\d+\s+(\S+)\s+(\S+)\s+(\S+)", output)

@@ -13,12 +13,11 @@ run by hand; tests/unit/test_readme_commands.py lists them as not run by a test)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from tests.integration.helpers import ROOT
+from tests.integration.helpers import newcomer_env, ROOT
 
 pytestmark = pytest.mark.sandbox
 
@@ -51,7 +50,7 @@ def latest_figures() -> str | None:
 def test_make_bench_quick_runs_each_part_to_its_figures(part):
     lines, figures = PARTS[part]
     latest_before = latest_figures()
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    env = newcomer_env()
     proc = subprocess.run(["make", "bench", "QUICK=1", f"PART={part}"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=2400)
     out = proc.stdout + proc.stderr

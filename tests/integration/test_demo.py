@@ -9,14 +9,13 @@ runs this module first, before test_sandbox boots sgc1 and sgc2 for the rest of 
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
 
 from sandbox import hosts as H
 from tests.conftest import netns_names
-from tests.integration.helpers import ROOT, SGC1_GROUP
+from tests.integration.helpers import newcomer_env, ROOT, SGC1_GROUP
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SGC1_GROUP)]
 
@@ -35,7 +34,7 @@ def demo() -> subprocess.CompletedProcess:
     if H.host_name(1) in {h.name for h in H.load_hosts()}:
         pytest.fail("sgc1 is already up: the demo boots its own sgc1 (run `python -m sandbox down` first)")
     # a newcomer's shell: no make variables of an outer make (`make test` runs this test)
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    env = newcomer_env()
     proc = subprocess.run(["make", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     proc.out = proc.stdout + proc.stderr  # type: ignore[attr-defined]
     return proc

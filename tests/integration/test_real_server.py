@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import runpy
 import shlex
@@ -22,7 +21,8 @@ import urllib.request
 import pytest
 
 from tests.integration.clients import Clients
-from tests.integration.helpers import (ROOT, boot_extra_host, grand_total, real_pyinfra, remove_host, server_venv,
+from tests.integration.helpers import (ROOT, boot_extra_host, grand_total, newcomer_env, real_pyinfra, remove_host,
+                                       server_venv,
                                        shared_real_host, unit_props, wait_until)
 
 pytestmark = pytest.mark.sandbox
@@ -509,8 +509,7 @@ def test_make_demo_real_keep_answers_a_chat_request_and_keeps_the_host(real):
     (sandbox.demo.REAL_HOST_INDEX), already converged here, so its converge is the switch to the demo's
     settings (no API key: one restart), its second converge changes nothing, the real server answers its
     chat request, and KEEP=1 leaves the host up (the session removes it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES",
-                                                            "SGLANG_API_KEY")}
+    env = newcomer_env("SGLANG_API_KEY")
     proc = subprocess.run(["make", "demo", "REAL=1", "KEEP=1"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1800)
     out = proc.stdout + proc.stderr

@@ -5,7 +5,6 @@ that stops the rollout (rolled back) with the other hosts untouched, and a
 rollback on demand behind the router."""
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -14,6 +13,7 @@ import uuid
 import pytest
 
 from core.paths import fetch_unit_name
+from tests.integration.helpers import newcomer_env
 from tests.integration.fleet_helpers import (
     ENV,
     FLEET_GROUP,
@@ -298,7 +298,7 @@ def test_the_readmes_stage_only_and_make_rollout_on_the_serving_fleet(hosts, rol
     rows = summary(staged.out)
     assert [(rows[n]["result"], rows[n]["restarted"]) for n in SERVERS] == [("staged", "-")] * len(SERVERS), rows
     assert {n: started_us(hosts[n]) for n in SERVERS} == before
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    env = newcomer_env()
     proc = subprocess.run(["make", "rollout", "INVENTORY=inventory/sandbox_fleet.py", "BATCH=2", "CANARY=1"], cwd=ROOT,
                           env={**env, **ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr

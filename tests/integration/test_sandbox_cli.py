@@ -17,7 +17,6 @@ serial phase of `make test` (marker runs_last), after every other module's hosts
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -26,7 +25,7 @@ import pytest
 from sandbox import hosts as H
 from sandbox import rootfs, scenario
 from tests.conftest import netns_names
-from tests.integration.helpers import ROOT
+from tests.integration.helpers import newcomer_env, ROOT
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.runs_last]
 
@@ -41,7 +40,7 @@ def cli(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Comp
 
 
 def make(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    env = newcomer_env()
     proc = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -4,11 +4,12 @@ phases (lint, `make unit`, the integration tests on xdist workers, the runs_last
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.integration.helpers import newcomer_env
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / ".ci" / "report.py"
@@ -24,7 +25,7 @@ def test_make_test_with_a_part_runs_its_phases_and_leaves_their_reports(tmp_path
     """A unit module as the "integration" part (no sandbox host: this runs beside the real integration
     tests) on two xdist workers, another as the unit part; lint runs whole."""
     reports = tmp_path / "reports"
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    env = newcomer_env()
     proc = subprocess.run(["make", "--no-print-directory", "test", "INTEGRATION=tests/unit/test_ci_groups.py",
                            "UNIT=tests/unit/test_bench_table.py", f"REPORTS={reports}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
