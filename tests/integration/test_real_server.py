@@ -475,12 +475,20 @@ def test_restarts_behind_the_real_router_under_load_fail_no_request(request, sta
     assert router_call(router_url + "/workers", "POST", {"url": probe, "api_key": API_KEY})[0] in (200, 201, 202)
     wait_until(lambda: healthy(router_url) == sorted([worker, probe]), 60, "both workers healthy in the router")
     before = unit_props(real, "sglang.service")["MainPID"]
-    changed = {**runpy.run_path(str(ROOT / "group_data" / "sandbox_real.py"))["extra_env"], "SGC_ROUTER_TEST": "1"}
-    (tmp_path / "sandbox_real.py").write_text(f"extra_env = {changed!r}\n")
+    # the change, then back to the repo's extra_env. The speed gate is off in both: it measures the
+    # restarted server while the clients' traffic to the probe shares its 2 cores, against a last good
+    # figure measured idle (seen: c4 72.1 tok/s under this load against 999.7 idle, a 14x drop). Its
+    # test is test_start_gates (stand-in) and test_the_real_server_is_what_serves (the real figure).
+    repo_env = runpy.run_path(str(ROOT / "group_data" / "sandbox_real.py"))["extra_env"]
+    settings = []
+    for name, extra_env in (("changed", {**repo_env, "SGC_ROUTER_TEST": "1"}), ("back", repo_env)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sandbox_real.py").write_text(f"extra_env = {extra_env!r}\nperf_tolerance = 0\n")
+        settings.append(("--group-data", str(tmp_path / name)))
     runs = []
     with Clients(router_url, model="tiny-llama", api_key=API_KEY) as clients:
         wait_until(lambda: clients.sent >= 10, 60, "traffic through the router before the first drain")
-        for args in (("--group-data", str(tmp_path)), ()):  # the change, then back to the repo's settings
+        for args in settings:
             started = time.monotonic()
             runs.append(real_pyinfra("deploy.py", *args, limit=real.name, env=env))
             runs[-1].seconds = time.monotonic() - started
