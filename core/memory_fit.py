@@ -1,9 +1,16 @@
 """Does the model fit in the GPUs, and how much KV cache is left? Checked
 before anything is downloaded (preflight and the rollout's fleet preflight).
 
-SGLang's static memory per GPU is ``GPU memory x mem_fraction_static``; it
-holds the weights (the checkpoint over the TP ranks) and the KV-cache pool,
-which gets what the weights leave. The pool's size per token comes from the
+SGLang measures each GPU's free memory once NCCL is up (its baseline: the GPU
+less the CUDA context, NCCL's buffers, loaded kernels) and gives the KV pool
+``baseline x mem_fraction_static`` less what the weights took and a multimodal
+model's reserve (sglang 0.5.23 mem_cache/kv_cache_configurator.py:2990-3060:
+``rest = free after the load - baseline x (1 - mem_fraction_static) - mm``).
+The weights per GPU are counted tensor by tensor, placed on the ranks by
+SGLang's rules (core/tensor_plan.py), from the checkpoint's safetensors
+headers (core/checkpoint_tensors.py: the host's files, else the Hub's); where
+no header can be read, the checkpoint's bytes over TP stand in, and the plan
+says so. The pool's size per token comes from the
 model's config.json (its ``text_config`` for multimodal configs such as
 Kimi K2.5/K2.6): MLA caches ``kv_lora_rank + qk_rope_head_dim`` values per
 layer, replicated on every TP rank; MHA/GQA caches K and V of the rank's
@@ -22,17 +29,46 @@ import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyinfra import host
 
 from core import disk
+from core.checkpoint_tensors import checkpoint_tensors
 from core.ops import gb
+from core.tensor_plan import TensorGroup, place
 from facts.gpu import Gpu
 from facts.model_dir import ModelConfig, ModelDirState
 from tasks.spec import Spec
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tasks.spec.profile import ModelProfile
+
+
+class PlanTarget(Protocol):
+    """What the fit reads of a Spec; plan.py's described GPUs (no host, no inventory) have it too."""
+
+    @property
+    def profile(self) -> ModelProfile: ...
+    @property
+    def tp_size(self) -> int: ...
+    @property
+    def extra_server_args(self) -> Sequence[str]: ...
+
 MIB = 1024 * 1024
+GIB = 1024 * MIB
+# What a GPU holds before the weights (the CUDA context, NCCL's communicators, loaded kernels): SGLang
+# leaves it out of its baseline. A sourced estimate, not SGLang's own figure (it has none): 2 GiB, from a
+# published SGLang start at TP 8 on a 96 GB-class GPU, "Load weight begin. avail mem=93.61 GB" of its
+# 95.59 GiB (a capacity analyzer's log-pattern notes: "framework_overhead = GPU_HBM - avail_before_weight");
+# a PyTorch user measured 723 MiB for the CUDA context alone (discuss.pytorch.org/t/73021). ASSUMPTION: the
+# same at any TP on 80-100 GB CUDA GPUs; measure yours (SGLang logs "Load weight begin. avail mem=").
+GPU_OVERHEAD_BYTES = 2 * GIB
+# SGLANG_VLM_CACHE_SIZE_MB (default 100, srt/environ.py:1598): kept out of a multimodal model's KV budget
+# (kv_cache_configurator.py:202-219); CUDA-IPC feature transport adds 1 GiB (not the default)
+MM_RESERVE_BYTES = 100 * MIB
 # SGLang 0.5.23 (srt/arg_groups/memory_hook.py) without --mem-fraction-static:
 # fraction = (GPU memory - reserved) / GPU memory, reserved >= 10 GiB on GPUs over 60 GiB,
 # else >= 512 MiB + 2048 tokens x 1.5 MiB + tp/8 GiB (more with CUDA graphs): an upper bound here.
@@ -43,7 +79,7 @@ _DTYPE_BYTES = {"bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "half": 2.0, "floa
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 
 
-def server_arg(spec: Spec, flag: str) -> str | None:
+def server_arg(spec: PlanTarget, flag: str) -> str | None:
     """The value of ``flag`` in the profile's and the host's extra_server_args (the last one wins, as in argparse)."""
     args = list(spec.profile.extra_server_args) + list(spec.extra_server_args)
     value = None
@@ -109,6 +145,10 @@ class MemoryFit:
     context_from: str = ""
     draft_bytes: int = 0  # the profile's draft model (speculative decoding), counted on every GPU
     draft_from: str = ""
+    weights_per_rank: int | None = None  # counted tensor by tensor (core/tensor_plan.py); None: bytes / TP
+    weights_plan: str = ""  # how weights_per_rank was counted
+    overhead_bytes: int = GPU_OVERHEAD_BYTES  # what the GPU holds before the weights (CUDA, NCCL)
+    mm_reserve_bytes: int = 0  # SGLang's multimodal reserve, out of the KV budget
 
     @property
     def weights_per_gpu(self) -> float:
@@ -117,23 +157,28 @@ class MemoryFit:
         # models/llama_eagle3.py) and shards the rest over the target's TP group (QKVParallelLinear, the
         # MLP, VocabParallelEmbedding, ParallelLMHead; speculative/draft_parallel.py), and it also gives the
         # draft a KV cache of its own, which is not modelled here; the whole draft per GPU covers both.
+        if self.weights_per_rank is not None:
+            return self.weights_per_rank + self.draft_bytes
         return self.weights_bytes / self.tp + self.draft_bytes
 
     @property
     def weights_text(self) -> str:
         """How weights_per_gpu was counted, e.g. '595.00 GB of safetensors / TP 8 + draft 3.00 GB ...'."""
-        text = f"{gb(self.weights_bytes)} {self.weights_from} / TP {self.tp}"
+        if self.weights_per_rank is not None:
+            text = f"counted per tensor at TP {self.tp}: {self.weights_plan}"
+        else:
+            text = f"{gb(self.weights_bytes)} {self.weights_from} / TP {self.tp}"
         if self.draft_bytes:
             text += f" + draft {gb(self.draft_bytes)} {self.draft_from} on every GPU"
         return text
 
     @property
     def static_bytes(self) -> float:
-        return self.gpu_bytes * self.fraction
+        return (self.gpu_bytes - self.overhead_bytes) * self.fraction
 
     @property
     def kv_room(self) -> float:
-        return self.static_bytes - self.weights_per_gpu
+        return self.static_bytes - self.weights_per_gpu - self.mm_reserve_bytes
 
     @property
     def kv_tokens(self) -> int | None:
@@ -142,9 +187,11 @@ class MemoryFit:
         return int(self.kv_room // self.per_token)
 
     def summary(self) -> str:
+        mm = f" - multimodal reserve {gb(self.mm_reserve_bytes)}" if self.mm_reserve_bytes else ""
         line = (f"memory fit per GPU: weights ~{gb(self.weights_per_gpu)} ({self.weights_text}); "
-                f"{gb(self.gpu_bytes)} x mem_fraction_static {self.fraction:g} ({self.fraction_from})"
-                f" = {gb(self.static_bytes)}; KV cache room {gb(self.kv_room)}")
+                f"({gb(self.gpu_bytes)} - {gb(self.overhead_bytes)} CUDA context and NCCL, estimated) x "
+                f"mem_fraction_static {self.fraction:g} ({self.fraction_from}) = {gb(self.static_bytes)} static"
+                f"{mm}; KV cache room {gb(self.kv_room)}")
         if self.kv_tokens is not None:
             line += f" = ~{self.kv_tokens} tokens ({self.per_token:g} bytes/token, {self.per_token_from})"
         return line
@@ -153,8 +200,9 @@ class MemoryFit:
         if self.kv_room > 0:
             return []
         draft = f" + draft {gb(self.draft_bytes)}" if self.draft_bytes else ""
+        counted = f"{gb(self.weights_bytes)} / {self.tp}" if self.weights_per_rank is None else "counted per tensor"
         return [f"the model does not fit: its weights need ~{gb(self.weights_per_gpu)} per GPU at TP {self.tp} "
-                f"({gb(self.weights_bytes)} / {self.tp}{draft}) but {gb(self.gpu_bytes)} x mem_fraction_static "
+                f"({counted}{draft}) but ({gb(self.gpu_bytes)} - {gb(self.overhead_bytes)}) x mem_fraction_static "
                 f"{self.fraction:g} = {gb(self.static_bytes)} leaves no KV cache room ({gb(self.kv_room)}): "
                 "allowed: more GPUs (gpu_ids, tp_size), a smaller checkpoint, or a higher --mem-fraction-static"]
 
@@ -169,7 +217,7 @@ class MemoryFit:
                 "--mem-fraction-static)"]
 
 
-def mem_fraction(spec: Spec, gpu_bytes: int) -> tuple[float, str]:
+def mem_fraction(spec: PlanTarget, gpu_bytes: int) -> tuple[float, str]:
     explicit = server_arg(spec, "--mem-fraction-static")
     if explicit is not None:
         return float(explicit), "--mem-fraction-static"
@@ -228,11 +276,14 @@ def model_config(spec: Spec) -> tuple[dict[str, Any] | None, str]:
         return None, f"config.json is not on the host yet and the Hub did not give it ({type(err).__name__})"
 
 
-def fit_for(spec: Spec, gpu_bytes: int, weights: tuple[int, str], config: dict[str, Any] | None,
-            draft: tuple[int, str] = (0, "")) -> MemoryFit:
+def fit_for(spec: PlanTarget, gpu_bytes: int, weights: tuple[int, str], config: dict[str, Any] | None,
+            draft: tuple[int, str] = (0, ""), tensors: tuple[list[TensorGroup] | None, str] = (None, "")) -> MemoryFit:
     """The memory fit from its inputs (no facts): what the preflight prints. ``draft``: the draft model's
-    bytes and where they came from (draft_bytes)."""
+    bytes and where they came from (draft_bytes); ``tensors``: the checkpoint's tensor groups and where
+    they were read (checkpoint_tensors), placed on the ranks by SGLang's rules."""
     fraction, fraction_from = mem_fraction(spec, gpu_bytes)
+    tp = max(spec.tp_size, 1)
+    plan = place(tensors[0], config or {}, tp) if tensors[0] else None
     per_token = kv_bytes_per_token(config, spec.tp_size, server_arg(spec, "--kv-cache-dtype")) if config else None
     explicit = server_arg(spec, "--context-length")
     context = int(explicit) if explicit else (context_length(config) if config else None)
@@ -243,6 +294,9 @@ def fit_for(spec: Spec, gpu_bytes: int, weights: tuple[int, str], config: dict[s
         context=context,
         context_from="--context-length" if explicit else "the model's config.json, SGLang's default",
         draft_bytes=draft[0], draft_from=draft[1],
+        weights_per_rank=plan.per_rank_bytes if plan else None,
+        weights_plan=f"{plan.text()} (from {tensors[1]})" if plan else "",
+        mm_reserve_bytes=MM_RESERVE_BYTES if config and isinstance(config.get("vision_config"), dict) else 0,
     )  # fmt: skip
 
 
@@ -259,8 +313,11 @@ def memory_fit(spec: Spec, gpus: list[Gpu]) -> tuple[MemoryFit | None, list[str]
     smallest = min(gpu.memory_total_mib or 0 for gpu in used) * MIB
     config, why = model_config(spec)
     draft = draft_bytes(spec)
-    fit = fit_for(spec, smallest, checkpoint_bytes(spec), config, draft)
+    tensors = checkpoint_tensors(spec)
+    fit = fit_for(spec, smallest, checkpoint_bytes(spec), config, draft, tensors)
     notes = []
+    if tensors[0] is None:
+        notes.append(f"weights per GPU estimated as the checkpoint's bytes over TP: {tensors[1]}")
     if fit.per_token is None:
         notes.append(f"KV cache room in tokens unknown: {why or 'config.json lacks the attention fields'}")
     if spec.draft is not None and not draft[0]:

@@ -150,3 +150,40 @@ class ModelRevisions(FactBase[Revisions]):
                 legacy = path
         return Revisions(tuple(Revision(path, markers.get(path), at) for path, at in switched.items()),
                          tuple(sorted(referenced)), tuple(half_removed), legacy)
+
+
+# Reads each *.safetensors file's header (8 bytes of length, then JSON) and prints one JSON list of
+# [name, dtype, shape] per tensor: a few MB for a 600 GB checkpoint, no tensor data read.
+_HEADERS_SCRIPT = r"""
+import glob, json, os, struct, sys
+rows = []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.safetensors"))):
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    rows += [[name, info["dtype"], info["shape"]] for name, info in header.items() if name != "__metadata__"]
+print(json.dumps(rows))
+"""
+
+
+class CheckpointTensors(FactBase[list[tuple[str, str, list[int]]] | None]):
+    """
+    Every tensor's (name, dtype, shape) from the headers of the model dir's *.safetensors files
+    (no tensor data is read); None when the dir has none or a header is unreadable.
+
+    .. code:: python
+
+        tensors = host.get_fact(CheckpointTensors, path="/srv/models/kimi-k2.6")
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("set --", QuoteString(path), '; ls "$1"/*.safetensors >/dev/null 2>&1 || exit 0; '
+                             "python3 -c", QuoteString(_HEADERS_SCRIPT), '"$1" 2>/dev/null || true')
+
+    def process(self, output: list[str]) -> list[tuple[str, str, list[int]]] | None:
+        text = "\n".join(output).strip()
+        try:
+            rows = json.loads(text) if text else None
+        except ValueError:
+            return None
+        return [(str(n), str(d), [int(x) for x in s]) for n, d, s in rows] if rows else None

@@ -16,6 +16,15 @@ ct200 = [
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 "NCCL_IB_DISABLE": "1",
                 "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+                # what operators of 8x RTX PRO 6000 set for Kimi K2.5 with SGLang (local-inference-lab/
+                # rtx6kpro inference-engines/sglang.md: "Expandable CUDA memory segments"; it is
+                # incompatible with --enable-pcie-oneshot-allreduce, which this profile does not use)
+                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                # Where no PCIe switch joins the GPUs (GPUs on two CPU sockets), the same runbook sets
+                # NCCL_P2P_LEVEL=4 (= SYS: P2P across the CPU interconnect; optimization/nccl-tuning.md),
+                # else NCCL falls back to shared memory (25-44 tok/s instead of 73-90). ASSUMPTION: ct200's
+                # topology is not known here; uncomment after `nvidia-smi topo -m` shows SYS between GPUs.
+                # "NCCL_P2P_LEVEL": "SYS",
             },
         },
     ),

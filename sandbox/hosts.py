@@ -599,6 +599,8 @@ def install_guest_files(root: Path, name: str, layout: dict) -> None:
     for mod in GUEST_FILES:
         if (SRC_DIR / mod).is_file():
             _write(root, f"{GUEST_LIB}/{mod}", (SRC_DIR / mod).read_bytes(), 0o755)
+    # the memory plan's placement rules: the stand-in holds each rank's weights by them
+    _write(root, f"{GUEST_LIB}/tensor_plan.py", (SRC_DIR.parent / "core" / "tensor_plan.py").read_bytes(), 0o644)
     _write(root, "/usr/local/bin/nvidia-smi", (SRC_DIR / "nvidia_smi.py").read_bytes(), 0o755)
     _write(root, "/etc/sandbox-gpu/layout.json", json.dumps(layout, indent=2) + "\n")
     _write(

@@ -907,8 +907,9 @@ def _rank_init(cfg: dict, gpusim) -> dict:
     time.sleep(load_seconds * 0.6)
     hold = int(cfg["mem_fraction_static"] * gpu["memory_total_mib"])
     held = hold / 1024
-    # the rank's share of the checkpoint (the real bytes of its files), as SGLang's load would hold it
-    weights = sum(os.path.getsize(f) for f in files if f.endswith(".safetensors")) / max(1, cfg["tp_size"]) / 2**30
+    # the rank's share of the checkpoint, placed tensor by tensor as SGLang holds it (the memory plan's
+    # own rules: core/tensor_plan.py, copied beside this file), else the files' bytes over TP
+    weights = rank_weight_bytes(files, model_config, cfg["tp_size"]) / 2**30
     arch = (model_config.get("architectures") or ["?"])[0]
     quant_str = f"quant={quant}, " if quant else ""
     log(f"Load weight end. elapsed={load_seconds * 0.6:.2f} s, type={arch}, {quant_str}"
@@ -1039,6 +1040,26 @@ def check_context_length(context_length, model_config: dict) -> None:
         log(msg)
         return
     raise ValueError(f"{msg} To allow overriding this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+
+
+def rank_weight_bytes(files: list[str], model_config: dict, tp: int) -> float:
+    """One rank's weight bytes: tensor_plan.place over the shards' headers; the files' bytes / TP
+    where the rules are not beside this file (a stand-in run outside a sandbox guest)."""
+    shards = [f for f in files if f.endswith(".safetensors")]
+    try:
+        import tensor_plan  # the sandbox guests' copy
+    except ImportError:
+        try:
+            from core import tensor_plan  # type: ignore[no-redef]  # run from the repository
+        except ImportError:
+            return sum(os.path.getsize(f) for f in shards) / max(1, tp)
+    tensors = []
+    for path in shards:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        tensors += [(n, t["dtype"], t["shape"]) for n, t in header.items() if n != "__metadata__"]
+    return tensor_plan.place(tensor_plan.summarize(tensors), model_config, tp).per_rank_bytes
 
 
 def kv_cell_bytes(model_config: dict, tp: int, kv_cache_dtype: str | None) -> int:

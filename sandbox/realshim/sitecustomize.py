@@ -10,11 +10,24 @@ import it too). When the process's title becomes SGLang's scheduler title
 " TP<rank>" -> "_TP<rank>"), it registers the process with the GPU simulation
 (gpusim.register) on the GPU of its rank (CUDA_VISIBLE_DEVICES[rank]), holding
 SANDBOX_GPU_SHIM_MIB MiB. The registration ends with the process, as GPU memory does.
-Inactive without SANDBOX_GPU_SHIM_MIB. Standard library only.
+
+It also counts what the rank holds once SGLang has loaded the model: an import hook wraps
+``ModelRunner.load_model`` (srt/model_executor/model_runner.py:1270) and, when it returns, logs
+
+    sandbox shim (simulated GPU): TP<rank> of <tp> loaded <Class>: <n> parameter bytes (<k> tensors), <m> buffer bytes
+
+to stderr (the journal): the exact bytes of the rank's parameters (shared ones once, as
+``Module.parameters()`` counts them) that the memory plan's weights per GPU are held to
+(tests/integration/test_real_server.py). On a CPU SGLang's own "mem usage=" is the host's free
+memory before and after, too coarse for a model of a few MB.
+
+Inactive without SANDBOX_GPU_SHIM_MIB. Standard library only (torch is SGLang's).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import re
 import sys
@@ -61,10 +74,58 @@ def _watch(mib: int) -> None:
         time.sleep(POLL_S)
 
 
+def _count_loaded(runner) -> None:
+    model = getattr(runner, "model", None)
+    if model is None or getattr(runner, "is_draft_worker", False):
+        return
+    params = list(model.parameters())
+    held = sum(p.numel() * p.element_size() for p in params)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    rank, tp = scheduler_rank(_title()) or 0, getattr(getattr(runner, "server_args", None), "tp_size", None)
+    print(f"sandbox shim (simulated GPU): TP{rank} of {tp or '?'} loaded {type(model).__name__}: {held} parameter "
+          f"bytes ({len(params)} tensors), {buffers} buffer bytes", file=sys.stderr, flush=True)
+
+
+class _WrapLoadModel(importlib.abc.MetaPathFinder):
+    """Wraps ModelRunner.load_model when SGLang's model_runner module is first imported."""
+
+    MODULE = "sglang.srt.model_executor.model_runner"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.MODULE:
+            return None
+        sys.meta_path.remove(self)  # find the real spec without this finder (and wrap only once)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):
+            exec_module(module)
+            runner = getattr(module, "ModelRunner", None)
+            load = getattr(runner, "load_model", None)
+            if load is None:
+                return
+
+            def load_model(self, *args, **kwargs):
+                result = load(self, *args, **kwargs)
+                try:
+                    _count_loaded(self)
+                except Exception as err:  # noqa: BLE001 - a count that fails must not fail the start
+                    print(f"sandbox shim (simulated GPU): no parameter count: {err!r}", file=sys.stderr, flush=True)
+                return result
+
+            runner.load_model = load_model
+
+        spec.loader.exec_module = exec_and_wrap
+        return spec
+
+
 def _start() -> None:
     mib = os.environ.get("SANDBOX_GPU_SHIM_MIB", "")
     if mib.isdigit() and int(mib) > 0:
         threading.Thread(target=_watch, args=(int(mib),), name="sandbox-gpu-shim", daemon=True).start()
+        sys.meta_path.insert(0, _WrapLoadModel())
 
 
 _start()

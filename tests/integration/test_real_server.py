@@ -203,6 +203,60 @@ def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mod
         wait_until(lambda: _serves(real), 240, "the real server to serve again")
 
 
+# --------------------------------------------------------------------------- the memory plan held to it
+
+SHIM_LINE = re.compile(r"sandbox shim \(simulated GPU\): TP(\d+) of (\d+) loaded (\w+): (\d+) parameter bytes")
+TP2_UNIT, TP2_PORT = "sglang-tp2-probe.service", 30200
+
+
+def planned_per_rank(tp: int) -> int:
+    """core/tensor_plan.py's weights per rank for the tiny Llama the real server loads."""
+    from core.tensor_plan import place, summarize
+    from sandbox import tinyllama
+
+    return place(summarize((t.name, t.dtype, t.shape) for t in tinyllama._tensors()), tinyllama.config(),
+                 tp).per_rank_bytes
+
+
+def shim_counts(log: str) -> dict[tuple[int, int], int]:
+    """{(rank, tp): parameter bytes} the GPU shim counted in the real scheduler processes."""
+    return {(int(m[1]), int(m[2])): int(m[4]) for m in SHIM_LINE.finditer(log)}
+
+
+def test_the_plans_weights_per_rank_are_what_the_real_server_holds_at_tp_1_and_2(real):
+    """The memory plan's weights per GPU (core/tensor_plan.py, from the checkpoint's safetensors
+    headers: the preflight read them from the sandbox Hub by range requests) against the bytes of
+    the parameters the real SGLang scheduler holds once it has loaded the model, counted inside
+    the process by the GPU shim: at TP 1 (the serving unit) and at TP 2 (the unit's command line on
+    simulated GPUs 2 and 3, gloo between its ranks), within 5%. The tiny Llama has 2 KV heads: at
+    TP 2 each rank holds one, its vocabulary (384) splits in halves."""
+    assert "counted per tensor at TP 1: " in real.converge_out and "(from the Hub's safetensors headers)" \
+        in real.converge_out, real.converge_out[-4000:]
+    held = shim_counts(journal(real))
+    assert held.get((0, 1)), journal(real)[-3000:]
+    assert abs(held[(0, 1)] - planned_per_rank(1)) <= 0.05 * planned_per_rank(1), (held, planned_per_rank(1))
+    argv = unit_argv(real, port=TP2_PORT)
+    argv[argv.index("--tp-size") + 1] = "2"
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "/nonexistent", "CUDA_VISIBLE_DEVICES": "2,3",
+           "PYTHONPATH": "/usr/local/lib/sandbox-gpu/realshim", "SANDBOX_GPU_SHIM_MIB": "1024",
+           "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": "/usr/local/lib/sandbox-gpu/cuda"}  # as at TP 2 (FACTS)
+    setenv = " ".join(f"--setenv={k}={shlex.quote(v)}" for k, v in env.items())
+    real.run(f"systemctl reset-failed {TP2_UNIT} 2>/dev/null; systemd-run --unit {TP2_UNIT} -p KillMode=mixed "
+             f"{setenv} {' '.join(shlex.quote(a) for a in argv)}")
+    try:
+        tp2_log = lambda: real.run(f"journalctl -u {TP2_UNIT} --no-pager -o cat", timeout=60).stdout  # noqa: E731
+        wait_until(lambda: {(0, 2), (1, 2)} <= set(shim_counts(tp2_log())), 300, "both TP 2 ranks to load the model")
+        counts = shim_counts(tp2_log())
+    finally:
+        real.run(f"systemctl stop {TP2_UNIT}; systemctl reset-failed {TP2_UNIT} 2>/dev/null; true", timeout=120)
+    plan2 = planned_per_rank(2)
+    print(f"\nweights per rank: TP 1 plan {planned_per_rank(1)}, held {held[(0, 1)]}; TP 2 plan {plan2}, held "
+          f"{counts[(0, 2)]} and {counts[(1, 2)]} bytes")
+    for rank in (0, 1):
+        assert abs(counts[(rank, 2)] - plan2) <= 0.05 * plan2, (rank, counts, plan2)
+    assert plan2 < 0.55 * planned_per_rank(1)  # split, not bytes / 2 + whole copies
+
+
 # --------------------------------------------------------------------------- the stand-in held to it
 
 PROBE_UNIT, PROBE_PORT = "sglang-standin-probe.service", 30100

@@ -82,3 +82,28 @@ def test_the_stand_ins_kv_pool_is_sized_like_the_memory_fit_counts_it(monkeypatc
     capped, _ = sglang_standin.kv_pool_tokens(configs[1], {"tp_size": 1, "mem_fraction_static": 0.5,
                                                            "max_total_tokens": 8192}, 10.0, 1.0)
     assert capped == 8192
+
+
+def test_the_stand_in_holds_each_ranks_weights_as_the_memory_plan_places_them(monkeypatch, tmp_path):
+    """The stand-in's weights per rank (sglang_standin.rank_weight_bytes) are the plan's (core/tensor_plan.py,
+    the same file copied beside it in a guest): at TP 2 the tiny Llama's rank holds 123520 bytes, not its
+    files' bytes / 2; without the rules beside it, the files' bytes / TP."""
+    from pathlib import Path
+
+    from sandbox import tinyllama
+
+    monkeypatch.syspath_prepend(str(Path(tinyllama.__file__).parent))
+    import sglang_standin
+
+    tinyllama.generate(tmp_path)
+    files = [str(tmp_path / "model.safetensors")]
+    assert sglang_standin.rank_weight_bytes(files, tinyllama.config(), 2) == 123520
+    assert sglang_standin.rank_weight_bytes(files, tinyllama.config(), 1) == 246400
+    import sys
+
+    import core
+
+    monkeypatch.setitem(sys.modules, "tensor_plan", None)  # None in sys.modules: that import fails
+    monkeypatch.setitem(sys.modules, "core.tensor_plan", None)
+    monkeypatch.delattr(core, "tensor_plan", raising=False)
+    assert sglang_standin.rank_weight_bytes(files, tinyllama.config(), 2) == (tmp_path / "model.safetensors").stat().st_size / 2

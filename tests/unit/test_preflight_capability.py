@@ -20,7 +20,8 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 from pyinfra_testing.util import FakeState, create_host
 
-from core import checks, disk as disk_check, memory_fit
+from core import checkpoint_tensors, checks, disk as disk_check, memory_fit
+from core.tensor_plan import summarize
 from facts.gpu import Gpu, P2PMatrix
 from facts.interpreter import Interpreter
 from facts.model_dir import ModelDir
@@ -35,6 +36,11 @@ KIMI_CONFIG = json.loads((FIXTURES / "model_dir.ModelConfig" / "kimi_k2_6.json")
 CT200_GPU = json.loads((FIXTURES / "gpu.NvidiaGpus" / "ct200.json").read_text())["fact"][1]
 KIMI_DIR, VENV = "/srv/models/kimi-k2.6", "/opt/sglang/venv"
 ENV = {"SGLANG_API_KEY": "sk-test-key-1234"}
+# Kimi K2.5's published config.json and tensor layout (tests/fixtures/kimi-k2.5/: sources there); K2.6 has
+# the same architecture (Moonshot's deploy guidance)
+K25 = ROOT / "tests" / "fixtures" / "kimi-k2.5"
+K25_CONFIG = json.loads((K25 / "config.json").read_text())
+K25_TENSORS = summarize(runpy.run_path(str(K25 / "layout.py"))["tensors"]())
 # the pinned revision's files as the Hub lists them: 64 shards, 595 GB (the profile's size)
 KIMI_HUB = {"config.json": 3_000, **{f"model-{i:05d}-of-00064.safetensors": 9_296_875_000 for i in range(1, 65)}}
 
@@ -73,14 +79,17 @@ def facts(gpus, python=DEBIAN12_PYTHON, venv=NO_VENV, config=KIMI_CONFIG,
     }  # fmt: skip
 
 
-def run(spec, host_facts, hub=KIMI_HUB):
-    """The preflight report and the preflight operation's commands on a fake host; the Hub not asked."""
+def run(spec, host_facts, hub=KIMI_HUB, tensors=None):
+    """The preflight report and the preflight operation's commands on a fake host; the Hub not asked
+    (``tensors``: the safetensors headers it would give, as TensorGroups; None: unreadable)."""
     state = FakeState()
     host = create_host(state, facts=at_server_venv(host_facts, spec))
     hub_files = patch.object(disk_check, "hub_files", side_effect=OSError("offline") if hub is None else None,
                              return_value=hub)
     hub_config = patch.object(memory_fit, "hub_config", side_effect=OSError("offline"))  # config.json: the host's
-    with ctx_state.use(state), ctx_host.use(host), hub_files, hub_config:
+    hub_tensors = patch.object(checkpoint_tensors, "hub_tensor_groups", return_value=tensors,
+                               side_effect=OSError("offline") if tensors is None else None)
+    with ctx_state.use(state), ctx_host.use(host), hub_files, hub_config, hub_tensors:
         report = checks.preflight_report(spec)
         commands = list(preflight.gpu_host_can_serve._inner(spec=spec))
     return report, commands, host
@@ -95,31 +104,43 @@ def only(lines, needle):
 # --- the memory fit: Kimi K2.6 on ct200 ---------------------------------------------------
 
 def test_kimi_k26_on_ct200_memory_fit_figures(caplog):
+    """The plan on ct200 from K2.5's published config and tensor layout (the Hub's headers): weights
+    counted per tensor, the CUDA/NCCL overhead and the multimodal reserve out of the static budget."""
     caplog.set_level("WARNING", logger="pyinfra")
-    report, commands, host = run(ct200_spec(), facts(ct200_gpus()))
+    report, commands, host = run(ct200_spec(), facts(ct200_gpus(), config=K25_CONFIG), tensors=K25_TENSORS)
     fit = report.fit
     assert fit is not None and commands == []
     assert fit.gpu_bytes == 97887 * 1024**2 == 102_641_958_912  # "96 GB" RTX PRO 6000 as nvidia-smi reports it
-    assert (fit.fraction, fit.fraction_from) == (0.85, "--mem-fraction-static")  # the profile's extra_server_args
-    assert fit.weights_per_gpu == 74_375_000_000  # 595 GB of safetensors (the Hub's sizes) / TP 8
-    assert round(fit.static_bytes / 1e9, 2) == 87.25
-    assert round(fit.kv_room / 1e9, 2) == 12.87  # "about 12 GB of KV room per GPU"
+    assert (fit.fraction, fit.fraction_from) == (0.94, "--mem-fraction-static")  # the profile's extra_server_args
+    # 595.15 GB in the checkpoint; a rank holds its 1/8 of the experts and of the split layers, and whole
+    # the replicated ones (norms, routers, MLA's q_a/kv_a, the vision MLP), plus MLA's w_kc/w_vc
+    assert fit.weights_per_gpu == 77_002_374_656
+    assert fit.overhead_bytes == 2 * 1024**3 and fit.mm_reserve_bytes == 100 * 1024**2
+    assert round(fit.static_bytes) == round((102_641_958_912 - 2 * 1024**3) * 0.94)
     assert fit.per_token == 61 * (512 + 64) * 2 == 70272  # MLA: latent + rope per layer, bf16, on every rank
-    assert fit.kv_tokens == 183154  # 12_870_665_075 bytes // 70272
+    assert fit.kv_tokens == int((fit.static_bytes - 77_002_374_656 - 100 * 1024**2) // 70272) == 247005
     assert fit.context == 262144
     summary = only(report.notes, "memory fit per GPU")
-    assert summary == (
-        "memory fit per GPU: weights ~74.38 GB (595.00 GB of safetensors / TP 8); 102.64 GB x "
-        "mem_fraction_static 0.85 (--mem-fraction-static) = 87.25 GB; KV cache room 12.87 GB = ~183154 tokens "
-        "(70272 bytes/token, MLA: 61 layers x (512 + 64) x 2 bytes (bfloat16))"
-    )
+    assert summary.startswith("memory fit per GPU: weights ~77.00 GB (counted per tensor at TP 8: 77.00 GB of "
+                              "595.15 GB (checkpoint -> one rank: experts 570.76 GB -> 71.35 GB, "), summary
+    assert "(from the Hub's safetensors headers)); (102.64 GB - 2.15 GB CUDA context and NCCL, estimated) x " \
+           "mem_fraction_static 0.94 (--mem-fraction-static) = 94.46 GB static - multimodal reserve " in summary
+    assert summary.endswith("= ~247005 tokens (70272 bytes/token, MLA: 61 layers x (512 + 64) x 2 bytes "
+                            "(bfloat16))"), summary
     warning = only(report.notes, "WARNING: the KV cache room")
-    assert "holds ~183154 tokens, fewer than the context length 262144 (the model's config.json" in warning
-    assert "suggest --context-length 182272 in extra_server_args" in warning
+    assert "holds ~247005 tokens, fewer than the context length 262144 (the model's config.json" in warning
     planned = [r.getMessage().split("plan: ", 1)[-1] for r in caplog.records if "plan: " in r.getMessage()]
     assert summary.replace("memory fit", "preflight: memory fit", 1) in planned and f"preflight: {warning}" in planned
     assert host.noop_description.startswith("preflight: 8 x NVIDIA RTX PRO 6000 Blackwell Server Edition "
                                             "(97887 MiB, SM 12.0), driver 580.95.05, P2P OK")
+
+
+def test_without_tensor_headers_the_plan_says_it_estimates_bytes_over_tp():
+    report, _commands, _host = run(ct200_spec(), facts(ct200_gpus()))
+    assert report.fit.weights_per_gpu == 74_375_000_000  # 595 GB of safetensors (the Hub's sizes) / TP 8
+    assert "weights ~74.38 GB (595.00 GB of safetensors / TP 8)" in only(report.notes, "memory fit per GPU")
+    assert only(report.notes, "weights per GPU estimated") == (
+        "weights per GPU estimated as the checkpoint's bytes over TP: tensor headers unreadable (the Hub: OSError)")
 
 
 def test_the_hub_offline_the_profiles_size_is_used_and_the_disk_check_says_why():
@@ -139,8 +160,8 @@ def test_weights_that_do_not_fit_are_refused_before_anything_is_downloaded():
     spec = ct200_spec(gpu_ids=[0, 1, 2, 3, 4, 5], tp_size=6)  # 595 GB / 6 = 99 GB per 96 GB GPU
     report, commands, _host = run(spec, facts(ct200_gpus()))
     problem = only(report.problems, "the model does not fit")
-    assert ("its weights need ~99.17 GB per GPU at TP 6 (595.00 GB / 6) but 102.64 GB x mem_fraction_static 0.85 "
-            "= 87.25 GB leaves no KV cache room (-11.92 GB)") in problem
+    assert ("its weights need ~99.17 GB per GPU at TP 6 (595.00 GB / 6) but (102.64 GB - 2.15 GB) x "
+            "mem_fraction_static 0.94 = 94.46 GB leaves no KV cache room (-4.70 GB)") in problem
     assert "allowed: more GPUs (gpu_ids, tp_size)" in problem
     assert commands[0].function.__name__ == "_fail" and "the model does not fit" in commands[0].args[0]
 
@@ -159,7 +180,7 @@ def test_unknown_config_says_the_tokens_are_unknown():
     assert commands == [] and report.fit.per_token is None
     note = only(report.notes, "KV cache room in tokens unknown")
     assert "config.json is not on the host yet and the Hub did not give it" in note
-    assert "KV cache room 12.87 GB" in only(report.notes, "memory fit per GPU")
+    assert "KV cache room 20.09 GB" in only(report.notes, "memory fit per GPU")
 
 
 def test_mha_kv_per_token_counts_the_ranks_share_of_kv_heads():

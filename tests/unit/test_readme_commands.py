@@ -45,6 +45,8 @@ python -m bench.seeding [--rate-mbps 16] -> not run: it converges a fleet of its
 python -m bench.staged -> not run: it converges a fleet of its own, past the CI budget; `make bench QUICK=1 PART=staged` runs it by hand (tests/integration/test_bench.py: FLEET_PARTS)
 python -m bench.scale --hosts 1,10,20,50 -> not run: it converges a fleet of its own, past the CI budget; `make bench QUICK=1 PART=scale` runs it by hand (tests/integration/test_bench.py: FLEET_PARTS)
 python -m bench.rollout [--before REF] -> not run: it converges a fleet of its own, past the CI budget; `make bench QUICK=1 PART=rollout` runs it by hand (tests/integration/test_bench.py: FLEET_PARTS)
+python plan.py kimi-k2.6 --gpus 8 --gpu-mib 97887 -> tests/unit/test_plan_cli.py::test_offline_it_estimates_and_says_so
+python plan.py kimi-k2.6 --gpus 8 --gpu-mib 97887 --config-dir tests/fixtures/kimi-k2.5 --json -> tests/unit/test_plan_cli.py::test_json_has_the_plans_terms_and_kimi_k25_at_094_against_the_published_range
 python -m core.settings_table [--readme] -> tests/unit/test_readme_commands.py::test_the_small_commands_run
 python -c "from tasks.spec import load_profile; print(load_profile('NAME'))" -> tests/unit/test_readme_commands.py::test_the_small_commands_run
 """

@@ -388,11 +388,13 @@ def test_the_memory_fit_counts_the_draft_whole_on_every_gpu():
     assert fit.draft_bytes == 7_000_000 and fit.weights_per_gpu == shards / 8 + 7_000_000
     assert "weights ~0.012 GB (11.8 MB) (0.038 GB (38.0 MB) of safetensors / TP 8 + draft 0.007 GB (7.0 MB) of " \
            "safetensors on every GPU)" in fit.summary()
-    # 50 MB x 0.9 = 45 MB per GPU: the model's 4.75 MB share fits, with a 41 MB draft on every GPU it does not
+    # (50 MB + the CUDA/NCCL overhead) x 0.9 = 45 MB per GPU: the model's 4.75 MB share fits, with a 41 MB
+    # draft on every GPU it does not
     tight = eagle3_spec(extra_server_args=["--mem-fraction-static", "0.9"])
-    small = memory_fit.fit_for(tight, 50_000_000, (shards, "of safetensors"), None, (41_000_000, "of safetensors"))
+    gpu = 50_000_000 + memory_fit.GPU_OVERHEAD_BYTES
+    small = memory_fit.fit_for(tight, gpu, (shards, "of safetensors"), None, (41_000_000, "of safetensors"))
     assert small.problems() and "(0.038 GB (38.0 MB) / 8 + draft 0.041 GB (41.0 MB))" in small.problems()[0]
-    assert not memory_fit.fit_for(tight, 50_000_000, (shards, "of safetensors"), None).problems()
+    assert not memory_fit.fit_for(tight, gpu, (shards, "of safetensors"), None).problems()
     assert not [note for note in notes if "draft" in note]
 
 

@@ -8,6 +8,7 @@ import ctypes
 import importlib.util
 import json
 import struct
+import sys
 from pathlib import Path
 
 from sandbox import hubd, tinyllama
@@ -90,3 +91,41 @@ def test_the_libcuda_stub_answers_no_device():
     assert lib.cuPointerGetAttribute(None, 0, ctypes.c_ulonglong(0)) == 100
     count = ctypes.c_int(7)
     assert lib.cuDeviceGetCount(ctypes.byref(count)) == 100 and count.value == 0
+
+
+def test_the_gpu_shim_counts_what_a_rank_loaded(tmp_path, monkeypatch, capfd):
+    """The import hook wraps ModelRunner.load_model of the module SGLang's scheduler imports, and
+    logs the model's parameter bytes (a shared parameter once) and buffer bytes; a draft runner is
+    not counted. A fake sglang package stands in for the real one here (its test is the real
+    server's: tests/integration/test_real_server.py)."""
+    pkg = tmp_path / "sglang" / "srt" / "model_executor"
+    pkg.mkdir(parents=True)
+    for init in (tmp_path / "sglang", tmp_path / "sglang" / "srt", pkg):
+        (init / "__init__.py").write_text("")
+    (pkg / "model_runner.py").write_text(
+        "class T:\n"
+        "    def __init__(self, n, size): self.n, self.size = n, size\n"
+        "    def numel(self): return self.n\n"
+        "    def element_size(self): return self.size\n"
+        "class Model:\n"
+        "    def parameters(self): return [T(10, 2), T(6, 4)]\n"
+        "    def buffers(self): return [T(3, 4)]\n"
+        "class Args:\n    tp_size = 2\n"
+        "class ModelRunner:\n"
+        "    def __init__(self, draft=False): self.is_draft_worker, self.server_args = draft, Args()\n"
+        "    def load_model(self):\n        self.model = Model()\n        return 'loaded'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shim = _shim()
+    finder = shim._WrapLoadModel()
+    monkeypatch.setattr("sys.meta_path", [finder, *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    import sglang.srt.model_executor.model_runner as runner_module
+
+    assert finder not in sys.meta_path  # it wraps once, then leaves
+    assert runner_module.ModelRunner().load_model() == "loaded"
+    assert runner_module.ModelRunner(draft=True).load_model() == "loaded"
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("sandbox shim")]
+    assert lines == ["sandbox shim (simulated GPU): TP0 of 2 loaded Model: 44 parameter bytes (2 tensors), "
+                     "12 buffer bytes"], lines
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
