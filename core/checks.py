@@ -16,6 +16,7 @@ from pyinfra import host
 
 from core.capability import stack_check, version_key
 from core.disk import disk_shortfall
+from core.host_fitness import host_fitness
 from core.server_envs import venv_disk_problem
 from core.memory_fit import MemoryFit, memory_fit
 from facts.gpu import Gpu, GpuP2P, NvidiaGpus, P2PMatrix
@@ -64,7 +65,9 @@ def resolved_spec(spec: Spec) -> Spec:
     if compute_cap is None:
         return spec
     p2p_ok = p2p_verdict(host.get_fact(GpuP2P), [gpu.index for gpu in used]) if len(used) > 1 else True
-    return spec.resolve(compute_cap=compute_cap, p2p_ok=p2p_ok)
+    resolved = spec.resolve(compute_cap=compute_cap, p2p_ok=p2p_ok)
+    level = host_fitness(resolved, gpus).p2p_level
+    return resolved.resolve(compute_cap=compute_cap, p2p_ok=p2p_ok, p2p_level=level) if level else resolved
 
 
 def rendezvous_port(spec: Spec) -> int | None:
@@ -142,6 +145,13 @@ def preflight_report(spec: Spec) -> PreflightReport:
     report.problems += stack.problems
     report.notes += stack.notes
     if gpus:
+        fitness = host_fitness(spec, gpus)
+        if spec.host_fitness == "fail":
+            report.problems += fitness.findings
+        else:
+            report.notes += [f"WARNING: {finding}" for finding in fitness.findings]
+        report.notes += fitness.notes + ([f"NCCL_P2P_LEVEL={fitness.p2p_level}: {fitness.p2p_why}"]
+                                         if fitness.p2p_level else [])
         report.fit, notes = memory_fit(spec, gpus)
         report.notes += notes
         if report.fit is not None:

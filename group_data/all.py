@@ -61,6 +61,15 @@ rollback_on_failure = True  # a restart that fails readiness puts the last good 
 
 # --- stale GPU processes on our GPUs
 stale_policy = "stop"     # "stop" them, "fail" the deploy, or "ignore" them
+
+# --- host fitness (core/host_fitness.py): what hangs NCCL on PCIe GPU hosts, seen before the launch
+host_fitness = "fail"     # IOMMU translation or ACS redirect between the TP GPUs (NCCL's first all-reduce
+                          # can hang there while nvidia-smi says P2P OK): "fail" the preflight, "warn", or "off"
+allreduce_check = True    # before the first start (and after the driver, the kernel command line, the TP GPUs or
+                          # the NCCL env change), an all-reduce over the TP GPUs with the unit's env
+                          # (tasks/nccl_check.py); a pass is kept, a hang or a slow one fails the run
+allreduce_timeout_s = 120  # seconds the all-reduces may take once every rank is up (a hang fails after this)
+allreduce_min_busbw_gbs = None  # bus bandwidth floor in GB/s (None: any): e.g. well below what your host measured
 stale_grace_s = 30        # seconds between SIGTERM and SIGKILL (>= 0)
 protect_units = []        # systemd units never stopped (full names, e.g. "nvidia-persistenced.service")
 protect_process_names = []  # process names never signalled

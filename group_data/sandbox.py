@@ -43,6 +43,10 @@ server_module = "sglang_standin"
 extra_env = {"PYTHONPATH": "/usr/local/lib/sandbox-gpu", "SANDBOX_LOAD_SECONDS": "3"}
 readiness_timeout_s = 120
 stale_grace_s = 5
+# The NCCL check (tasks/nccl_check.py) spawns one gloo process per simulated GPU, each importing torch:
+# ~30 s of CPU per TP 8 host on the sandbox's 2 shared cores, on every fresh host of every test. Off here;
+# tests/integration/test_nccl_check.py turns it on for its own host.
+allreduce_check = False
 api_key_env = "SGLANG_API_KEY"  # used when exported on the controller...
 api_key_required = False        # ...and the sandbox serves without a key when it is not
 # The stand-in decodes its 21-token reply in ~0.05 s, so its tok/s is mostly CPU scheduling on the

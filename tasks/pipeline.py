@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tasks import membership, model, multinode, preflight, python_env, quant_deps, readiness, rollback, router, service
-from tasks import gpu_balance, stale_gpu
+from tasks import gpu_balance, nccl_check, stale_gpu
 from tasks.spec import RouterSpec, Spec
 
 Step = Callable[..., Any]
@@ -25,6 +25,7 @@ SERVER_PIPELINE: tuple[Step, ...] = (
     model.model,  # the pinned revision, downloaded and verified
     quant_deps.quant_deps,  # compressed-tensors new enough for the model's format
     stale_gpu.stale_gpu,  # other services' processes off our GPUs
+    nccl_check.nccl_check,  # an all-reduce over the TP GPUs passes (once; again when what it ran on changes)
     membership.drain,  # out of its router (router_url) before a restart
     service.service,  # unit, env and options files; restart only on change
     readiness.readiness,  # /health 200 and the model listed, or the journal line why not

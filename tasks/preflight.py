@@ -32,6 +32,8 @@ def p2p_summary(spec: Spec) -> str:
         return "P2P off (NCCL_P2P_DISABLE=1)"
     if spec.p2p_ok is None and len(spec.gpu_ids) > 1:
         return "P2P unknown (nothing set: NCCL decides)"
+    if spec.p2p_level and len(spec.gpu_ids) > 1:
+        return f"P2P OK, NCCL_P2P_LEVEL={spec.p2p_level} (the TP GPUs meet across the CPU interconnect)"
     return "P2P OK (NCCL picks the level)"
 
 

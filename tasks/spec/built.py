@@ -179,6 +179,7 @@ class Spec(_UnitFiles, HostSettings):
     # Set by resolve(): the facts the host-dependent values came from.
     compute_cap: StrictStr | None = None
     p2p_ok: StrictBool | None = None
+    p2p_level: StrictStr | None = None  # NCCL_P2P_LEVEL the GPU topology asks for (core/host_fitness.py)
     attention_backend_requested: StrictStr | None = None
 
     @model_validator(mode="before")
@@ -427,6 +428,8 @@ class Spec(_UnitFiles, HostSettings):
         explicit_p2p = any(k.startswith("NCCL_P2P_") for k in self.extra_env)
         if self.p2p_ok is False and len(self.gpu_ids) > 1 and not explicit_p2p:
             env["NCCL_P2P_DISABLE"] = "1"
+        elif self.p2p_level and len(self.gpu_ids) > 1 and not explicit_p2p:
+            env["NCCL_P2P_LEVEL"] = self.p2p_level  # TP GPUs across the CPU interconnect (topology)
         if self.compute_cap is not None and parse_cc(self.compute_cap)[0] == 12:
             env["SGLANG_ENABLE_JIT_DEEPGEMM"] = "0"  # DeepGEMM does not support SM120
         env.update(self.extra_env)
@@ -434,11 +437,12 @@ class Spec(_UnitFiles, HostSettings):
 
     # -- host-dependent resolution
 
-    def resolve(self, compute_cap: str, p2p_ok: bool | None) -> Spec:
+    def resolve(self, compute_cap: str, p2p_ok: bool | None, p2p_level: str | None = None) -> Spec:
         """A copy with the host-dependent values filled in from preflight's
         facts: compute_cap as nvidia-smi prints it ('12.0'), p2p_ok whether
-        P2P works between the GPUs used (None: unknown). Raises SpecError for
-        a backend known to fail on this compute capability."""
+        P2P works between the GPUs used (None: unknown), p2p_level the NCCL
+        P2P level their topology asks for (None: NCCL picks). Raises SpecError
+        for a backend known to fail on this compute capability."""
         cc = parse_cc(compute_cap, self.host_name)
         attention = self.profile.attention
         requested = self.attention_backend_requested or self.attention_backend
@@ -459,6 +463,7 @@ class Spec(_UnitFiles, HostSettings):
                 "attention_backend_requested": requested,
                 "compute_cap": compute_cap,
                 "p2p_ok": None if p2p_ok is None else bool(p2p_ok),
+                "p2p_level": p2p_level,
             }
         )
 

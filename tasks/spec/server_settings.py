@@ -186,6 +186,12 @@ class HostSettings(CommonSettings):
         True, description="True or False: put the last good configuration back when a restart fails readiness"
     )
     stale_policy: Literal["stop", "fail", "ignore"] = Field("stop", description="'stop', 'fail' or 'ignore'")
+    host_fitness: Literal["fail", "warn", "off"] = Field(
+        "fail", description="'fail', 'warn' or 'off': what IOMMU translation or ACS redirect between the TP GPUs does"
+    )
+    allreduce_check: StrictBool = Field(True, description="True or False: an all-reduce over the TP GPUs before a start")
+    allreduce_timeout_s: Number = Field(120.0, gt=0, description="seconds, a number > 0")
+    allreduce_min_busbw_gbs: Number | None = Field(None, gt=0, description="GB/s, a number > 0, or None (no floor)")
     stale_grace_s: Number = Field(30.0, ge=0, description="seconds between SIGTERM and SIGKILL, >= 0")
     protect_units: UnitNames = Field(default_factory=list, description="systemd unit names never touched")
     protect_process_names: ProcessNames = Field(default_factory=list, description="process names never touched")

@@ -26,7 +26,7 @@ from facts.gpu import Gpu, P2PMatrix
 from facts.interpreter import Interpreter
 from facts.model_dir import ModelDir
 from facts.venv import Venv
-from tests.unit.test_step_operations import NO_ENVS, at_server_venv
+from tests.unit.test_step_operations import NO_ENVS, NO_FITNESS, at_server_venv
 from tasks import preflight
 from tasks.spec import build_spec
 
@@ -67,7 +67,7 @@ NO_VENV = Venv(exists=False)
 def facts(gpus, python=DEBIAN12_PYTHON, venv=NO_VENV, config=KIMI_CONFIG,
           curl="/usr/bin/curl", model_dir=KIMI_DIR):
     return {
-        "gpu.NvidiaGpus": gpus, "gpu.SimulatedGpus": False, "ports.PortListener": {"port=30000": None},
+        **NO_FITNESS, "gpu.NvidiaGpus": gpus, "gpu.SimulatedGpus": False, "ports.PortListener": {"port=30000": None},
         "venv.VenvState": {f"path={VENV}": venv},
         "server_envs.ServerEnvs": {f"root={VENV}-envs, sizes=False": NO_ENVS},
         "interpreter.PythonInterpreter": {"python=/usr/bin/python3": python},
@@ -319,7 +319,7 @@ def test_p2p_verdict(matrix, verdict):
 def test_resolved_spec_keeps_unknown_p2p_unknown():
     state = FakeState()
     unknown = P2PMatrix(gpus=list(range(8)), status=[["X" if i == j else "U" for j in range(8)] for i in range(8)])
-    facts_ = {"gpu.NvidiaGpus": ct200_gpus(), "gpu.GpuP2P": unknown}
+    facts_ = {**NO_FITNESS, "gpu.NvidiaGpus": ct200_gpus(), "gpu.GpuP2P": unknown}
     with ctx_state.use(state), ctx_host.use(create_host(state, facts=facts_)):
         spec = checks.resolved_spec(ct200_unresolved(extra_env={}))
     assert spec.resolved and spec.p2p_ok is None

@@ -15,6 +15,7 @@ from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
+from facts.gpu_topology import Topology
 from facts.server_envs import EnvsDir
 from facts.compressed_tensors import CompressedTensors
 from facts.gpu import Gpu
@@ -106,6 +107,10 @@ def disk(free):
 
 
 NO_ENVS = EnvsDir((), frozenset())  # no server venv built yet
+# the host fitness facts of a host that says nothing (core/host_fitness.py): an empty topology, no sockets
+# (not None: pyinfra-testing wraps an unkeyed fact's None in a FakeFact, which is not None)
+NO_FITNESS = {"kernel.KernelCmdline": {}, "kernel.NvidiaUvmHmm": None, "gpu_topology.GpuTopology": Topology(gpus=()),
+              "cpu.CpuSockets": 0}
 EMPTY_DIR = {"path=/srv/models/tiny": ModelDir(marker=None, files={}, partial_bytes=0)}
 
 
@@ -115,7 +120,7 @@ def preflight_facts(gpu_list, holder=None, free=10**9):
     from facts.interpreter import Interpreter
     from facts.venv import Venv
 
-    return {"gpu.NvidiaGpus": gpu_list, "ports.PortListener": {"port=30000": holder},
+    return {**NO_FITNESS, "gpu.NvidiaGpus": gpu_list, "ports.PortListener": {"port=30000": holder},
             "gpu.SimulatedGpus": True, "model_dir.ModelDirState": EMPTY_DIR, "files.FreeBytes": disk(free),
             "venv.VenvState": {"path=/opt/sglang/venv": Venv(exists=False)},
             "server_envs.ServerEnvs": {"root=/opt/sglang/venv-envs, sizes=False": NO_ENVS},
