@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from pyinfra import host
 
 from facts.cpu import CpuSockets
+from facts.gpu import SimulatedGpus
 from facts.gpu_topology import GpuTopology, Topology
 from facts.kernel import KernelCmdline, NvidiaUvmHmm
 from facts.pci import BDF, IommuGroups, IommuView, PciAcsPaths, PciPaths, sysfs_address
@@ -149,15 +150,24 @@ def judge(spec: Spec, gpus: list[Gpu], cmdline: dict[str, str], hmm_off: bool | 
 
 
 def host_fitness(spec: Spec, gpus: list[Gpu]) -> Fitness:
-    """Read the facts and judge; with host_fitness "off" only the topology (the P2P level) is read."""
-    if len([g for g in gpus if g.index in spec.gpu_ids]) < 2:
+    """Read the facts and judge. With host_fitness "off", or on simulated GPUs (the sandbox's: not in
+    sysfs), only the topology is read (the P2P level); the CPU sockets only when it has SYS pairs."""
+    used = sorted(g.index for g in gpus if g.index in spec.gpu_ids)
+    if len(used) < 2:
         return Fitness()
-    if spec.host_fitness == "off":
-        return judge(spec, gpus, {}, None, IommuView(units=()), PciPaths(lspci=True, paths={}),
-                     host.get_fact(GpuTopology), host.get_fact(CpuSockets), judged=False)
+    topo = host.get_fact(GpuTopology)
+    across = bool(topo) and any(topo.link(a, b) == "SYS" for a in used for b in used if a < b)
+    sockets = host.get_fact(CpuSockets) if across else None
+    # == True: pyinfra-testing hands an unkeyed fact's False over in an object that is truthy but compares equal
+    simulated = host.get_fact(SimulatedGpus) == True  # noqa: E712
+    if spec.host_fitness == "off" or simulated:
+        fitness = judge(spec, gpus, {}, None, IommuView(units=()), PciPaths(lspci=True, paths={}), topo, sockets,
+                        judged=False)
+        if simulated and spec.host_fitness != "off":
+            fitness.notes.append("host fitness: the GPUs are SIMULATED (sandbox): IOMMU and ACS not checked")
+        return fitness
     bus_ids = " ".join(a for a in (sysfs_address(g.pci_bus_id or "") for g in gpus if g.index in spec.gpu_ids)
                        if BDF.match(a))
     view = host.get_fact(IommuGroups, bus_ids=bus_ids) if bus_ids else IommuView(units=())
     paths = host.get_fact(PciAcsPaths, bus_ids=bus_ids) if bus_ids else PciPaths(lspci=False, paths={})
-    return judge(spec, gpus, host.get_fact(KernelCmdline), host.get_fact(NvidiaUvmHmm), view, paths,
-                 host.get_fact(GpuTopology), host.get_fact(CpuSockets))
+    return judge(spec, gpus, host.get_fact(KernelCmdline), host.get_fact(NvidiaUvmHmm), view, paths, topo, sockets)

@@ -44,8 +44,10 @@ def rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, i
     device = torch.device("cpu") if simulated else torch.device("cuda", rank)
     if not simulated:
         torch.cuda.set_device(rank)
+    # the process group's own timeout well past the check's bound: the bound (the parent) decides, not
+    # a backend's timer racing it (gloo would fail the waiting ranks with its own error at the same time)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
+                            timeout=datetime.timedelta(seconds=3 * timeout + 60))
     tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
     results.put({"rank": rank, "ready": True})  # the bound starts once every rank is here (imports take long)
     if simulated and os.environ.get("SGC_ALLREDUCE_STALL_RANK") == str(rank):

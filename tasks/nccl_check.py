@@ -62,7 +62,8 @@ def check_command(python: str, gpu_ids: list[int], env: dict[str, str], key: str
 
 @operation()
 def allreduce_checked(python: str, gpu_ids: list[int], env: dict[str, str], key: str, out: str, unit: str,
-                      timeout_s: float = 120.0, min_busbw_gbs: float | None = None, simulated: bool = False):
+                      timeout_s: float = 120.0, min_busbw_gbs: float | None = None, simulated: bool = False,
+                      enabled: bool = True):
     """
     An all-reduce over ``gpu_ids`` passes within ``timeout_s`` (and at ``min_busbw_gbs`` or more), run
     with ``env``; skipped when the result kept in ``out`` was measured with the same ``key``, or while
@@ -77,12 +78,16 @@ def allreduce_checked(python: str, gpu_ids: list[int], env: dict[str, str], key:
     + timeout_s: seconds for the all-reduces once every rank is up
     + min_busbw_gbs: the bus bandwidth floor in GB/s (None: none)
     + simulated: gloo on the CPU (the sandbox's simulated GPUs)
+    + enabled: False: nothing runs, and the plan says the check is off (allreduce_check)
 
     .. code:: python
 
         allreduce_checked(python="/opt/sglang/venv/bin/python", gpu_ids=[0, 1], env=spec.unit_env,
                           key=key, out="/var/lib/sglang-converge/allreduce-sglang.json", unit="sglang.service")
     """
+    if not enabled:
+        host.noop("NCCL check: off (allreduce_check = False)")
+        return
     if len(gpu_ids) < 2:
         host.noop("NCCL check: one GPU, no all-reduce")
         return
@@ -105,6 +110,8 @@ def allreduce_checked(python: str, gpu_ids: list[int], env: dict[str, str], key:
 @deploy("NCCL check")
 def nccl_check(spec: Spec):
     if not spec.allreduce_check:
+        allreduce_checked(name="all-reduce check off (allreduce_check = False)", python="", gpu_ids=list(spec.gpu_ids),
+                          env={}, key="", out=result_path(spec.unit_stem), unit=spec.unit_name, enabled=False)
         return
     gpus = {gpu.index: gpu for gpu in host.get_fact(NvidiaGpus)}
     bus_ids = [gpus[i].pci_bus_id or "" for i in spec.gpu_ids if i in gpus]

@@ -27,6 +27,8 @@ FIRST_RUN_SAYS = {
     "model": "model: verified 10 files",
     "quant_deps": "quant deps: compressed-tensors is now 0.18.0",
     "stale_gpu": "stale GPU processes: SIGTERM to pid",
+    # the sandbox turns it off (group_data/sandbox.py: its CPU cost); tests/integration/test_nccl_check.py runs it
+    "nccl_check": "Starting operation: NCCL check | all-reduce check off (allreduce_check = False)",
     "service": "service: start sglang.service",
     "readiness": "Readiness | sglang.service ready",
     "gpu_balance": "gpu_balance: GPUs [0, 1, 2, 3, 4, 5, 6, 7] hold only sglang.service's memory",
@@ -37,7 +39,7 @@ MANY = range(1, 1000)
 # the pinned revision's own dir's download unit (<model_dir>-revisions/<revision[:12]>)
 FETCH_UNIT = fetch_unit_name(f"/srv/models/{hubd.profile()['served_model_name']}-revisions/{hubd.profile()['revision'][:12]}")
 FIRST_RUN_CHANGES = {"preflight": range(0, 1), "python_env": MANY, "model": MANY, "quant_deps": MANY,
-                     "stale_gpu": MANY, "service": MANY, "readiness": range(1, 3),  # (wait +) last good kept
+                     "stale_gpu": MANY, "nccl_check": range(0, 1), "service": MANY, "readiness": range(1, 3),  # (wait +) last good kept
                      "gpu_balance": range(0, 1)}  # a check: changes nothing
 
 

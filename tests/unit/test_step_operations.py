@@ -110,7 +110,7 @@ NO_ENVS = EnvsDir((), frozenset())  # no server venv built yet
 # the host fitness facts of a host that says nothing (core/host_fitness.py): an empty topology, no sockets
 # (not None: pyinfra-testing wraps an unkeyed fact's None in a FakeFact, which is not None)
 NO_FITNESS = {"kernel.KernelCmdline": {}, "kernel.NvidiaUvmHmm": None, "gpu_topology.GpuTopology": Topology(gpus=()),
-              "cpu.CpuSockets": 0}
+              "cpu.CpuSockets": 0, "gpu.SimulatedGpus": False}
 EMPTY_DIR = {"path=/srv/models/tiny": ModelDir(marker=None, files={}, partial_bytes=0)}
 
 
