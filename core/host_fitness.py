@@ -156,7 +156,7 @@ def host_fitness(spec: Spec, gpus: list[Gpu]) -> Fitness:
     if len(used) < 2:
         return Fitness()
     topo = host.get_fact(GpuTopology)
-    across = bool(topo) and any(topo.link(a, b) == "SYS" for a in used for b in used if a < b)
+    across = topo is not None and any(topo.link(a, b) == "SYS" for a in used for b in used if a < b)
     sockets = host.get_fact(CpuSockets) if across else None
     # == True: pyinfra-testing hands an unkeyed fact's False over in an object that is truthy but compares equal
     simulated = host.get_fact(SimulatedGpus) == True  # noqa: E712
