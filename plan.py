@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.memory_fit import MIB, MemoryFit, fit_for, hub_config
-from core.tensor_plan import TensorGroup, from_rows, summarize
+from core.tensor_plan import TensorGroup, file_tensors, from_rows, summarize
 from tasks.spec import SpecError
 from tasks.spec.profile import ModelProfile, load_profile
 
@@ -53,12 +52,7 @@ def dir_tensors(config_dir: Path) -> list[TensorGroup] | None:
     rows = config_dir / "tensors.json"
     if rows.is_file():
         return from_rows(json.loads(rows.read_text()))
-    found = []
-    for path in sorted(config_dir.glob("*.safetensors")):
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        found += [(n, t["dtype"], t["shape"]) for n, t in header.items() if n != "__metadata__"]
+    found = file_tensors(sorted(config_dir.glob("*.safetensors")))
     return summarize(found) if found else None
 
 

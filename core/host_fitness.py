@@ -99,11 +99,18 @@ def acs_findings(used: dict[str, int], paths: PciPaths) -> list[str]:
     return found
 
 
+def sys_pairs(indexes: list[int], topo: Topology | None) -> list[tuple[int, int]]:
+    """The pairs of ``indexes`` that meet only across the CPU interconnect (nvidia-smi topo -m: SYS)."""
+    if topo is None or not topo.gpus:
+        return []
+    return [(a, b) for a in indexes for b in indexes if a < b and topo.link(a, b) == "SYS"]
+
+
 def p2p_level(indexes: list[int], topo: Topology | None, sockets: int | None) -> tuple[str | None, str]:
     """("SYS", why) when two TP GPUs meet only across the CPU interconnect; (None, why) otherwise."""
     if topo is None or not topo.gpus or len(indexes) < 2:
         return None, "" if len(indexes) < 2 else "the GPU topology is unknown (nvidia-smi topo -m): NCCL picks"
-    pairs = [(a, b) for a in indexes for b in indexes if a < b and topo.link(a, b) == "SYS"]
+    pairs = sys_pairs(indexes, topo)
     if not pairs:
         return None, "the TP GPUs meet within a CPU socket (nvidia-smi topo -m): NCCL picks the level"
     a, b = pairs[0]
@@ -113,17 +120,29 @@ def p2p_level(indexes: list[int], topo: Topology | None, sockets: int | None) ->
                    "(Kimi at 25-44 tok/s instead of 73-90: rtx6kpro optimization/nccl-tuning.md)")
 
 
+def decide_p2p(spec: Spec, indexes: list[int], topo: Topology | None, sockets: int | None,
+               findings: list[str]) -> tuple[str | None, str]:
+    """NCCL_P2P_LEVEL from the topology, unless set by hand, P2P is known broken or a finding stands."""
+    level, why = p2p_level(indexes, topo, sockets)
+    set_by_hand = sorted(k for k in spec.extra_env if k.startswith("NCCL_P2P_"))
+    if level and set_by_hand:
+        return None, f"NCCL_P2P_* set in extra_env ({', '.join(set_by_hand)}); the topology would ask for SYS"
+    if level and spec.p2p_ok is False:
+        return None, "P2P is known broken between the GPUs (NCCL_P2P_DISABLE=1)"
+    if level and findings:
+        return None, "NCCL_P2P_LEVEL=SYS held back: P2P would hang on this host until the findings are fixed"
+    return level, why
+
+
 def judge(spec: Spec, gpus: list[Gpu], cmdline: dict[str, str], hmm_off: bool | None, view: IommuView,
-          paths: PciPaths, topo: Topology | None, sockets: int | None, judged: bool = True) -> Fitness:
-    """The verdicts from the facts (no host access); ``judged`` False: the P2P level only."""
+          paths: PciPaths, topo: Topology | None, sockets: int | None) -> Fitness:
+    """The verdicts from the facts (no host access)."""
     fitness = Fitness()
     used_gpus = [gpu for gpu in gpus if gpu.index in spec.gpu_ids]
     indexes = sorted(gpu.index for gpu in used_gpus)
     if len(used_gpus) < 2:
         return fitness  # no peer traffic
     used = {sysfs_address(gpu.pci_bus_id): gpu.index for gpu in used_gpus if gpu.pci_bus_id}
-    if not judged:
-        used = {}
     missing = sorted(index for address, index in used.items() if address in paths.missing
                      or not view.devices.get(address, None) or not view.devices[address].present)
     if missing:
@@ -137,15 +156,7 @@ def judge(spec: Spec, gpus: list[Gpu], cmdline: dict[str, str], hmm_off: bool | 
         fitness.notes.append("WARNING: nvidia_uvm's HMM is on (uvm_disable_hmm=N): operators of 8x RTX PRO 6000 "
                              "report NCCL lockups without it off (rtx6kpro models/kimi-k25.md); fix: "
                              "'options nvidia_uvm uvm_disable_hmm=1' in /etc/modprobe.d/, then reload nvidia_uvm")
-    level, why = p2p_level(indexes, topo, sockets)
-    set_by_hand = sorted(k for k in spec.extra_env if k.startswith("NCCL_P2P_"))
-    if level and set_by_hand:
-        level, why = None, f"NCCL_P2P_* set in extra_env ({', '.join(set_by_hand)}); the topology would ask for SYS"
-    elif level and spec.p2p_ok is False:
-        level, why = None, "P2P is known broken between the GPUs (NCCL_P2P_DISABLE=1)"
-    elif level and fitness.findings:
-        level, why = None, "NCCL_P2P_LEVEL=SYS held back: P2P would hang on this host until the findings are fixed"
-    fitness.p2p_level, fitness.p2p_why = level, why
+    fitness.p2p_level, fitness.p2p_why = decide_p2p(spec, indexes, topo, sockets, fitness.findings)
     return fitness
 
 
@@ -156,13 +167,12 @@ def host_fitness(spec: Spec, gpus: list[Gpu]) -> Fitness:
     if len(used) < 2:
         return Fitness()
     topo = host.get_fact(GpuTopology)
-    across = topo is not None and any(topo.link(a, b) == "SYS" for a in used for b in used if a < b)
-    sockets = host.get_fact(CpuSockets) if across else None
+    sockets = host.get_fact(CpuSockets) if sys_pairs(used, topo) else None
     # == True: pyinfra-testing hands an unkeyed fact's False over in an object that is truthy but compares equal
     simulated = host.get_fact(SimulatedGpus) == True  # noqa: E712
     if spec.host_fitness == "off" or simulated:
-        fitness = judge(spec, gpus, {}, None, IommuView(units=()), PciPaths(lspci=True, paths={}), topo, sockets,
-                        judged=False)
+        fitness = Fitness()
+        fitness.p2p_level, fitness.p2p_why = decide_p2p(spec, used, topo, sockets, [])
         if simulated and spec.host_fitness != "off":
             fitness.notes.append("host fitness: the GPUs are SIMULATED (sandbox): IOMMU and ACS not checked")
         return fitness

@@ -36,8 +36,11 @@ with this same file (copied into its guests: sandbox/hosts.py GUEST_FILES).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import struct
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +80,18 @@ def summarize(tensors: Iterable[tuple[str, str, Sequence[int]]]) -> list[TensorG
     for name, dtype, shape in tensors:
         counts[(_EXPERT_INDEX.sub(".experts.*.", name), dtype.upper(), tuple(int(d) for d in shape))] += 1
     return [TensorGroup(p, d, s, n) for (p, d, s), n in sorted(counts.items())]
+
+
+def file_tensors(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[str, str, list[int]]]:
+    """(name, dtype, shape) of every tensor in these *.safetensors files, from their headers (8 bytes of
+    length, then JSON); no tensor data is read."""
+    found = []
+    for path in paths:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        found += [(n, t["dtype"], t["shape"]) for n, t in header.items() if n != "__metadata__"]
+    return found
 
 
 def from_rows(rows: Iterable[Sequence[Any]]) -> list[TensorGroup]:

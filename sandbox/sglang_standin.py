@@ -1053,12 +1053,7 @@ def rank_weight_bytes(files: list[str], model_config: dict, tp: int) -> float:
             from core import tensor_plan  # type: ignore[no-redef]  # run from the repository
         except ImportError:
             return sum(os.path.getsize(f) for f in shards) / max(1, tp)
-    tensors = []
-    for path in shards:
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        tensors += [(n, t["dtype"], t["shape"]) for n, t in header.items() if n != "__metadata__"]
+    tensors = tensor_plan.file_tensors(shards)
     return tensor_plan.place(tensor_plan.summarize(tensors), model_config, tp).per_rank_bytes
 
 
