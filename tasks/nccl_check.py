@@ -3,8 +3,9 @@
 A host whose GPUs cannot all-reduce (IOMMU translation, ACS redirect, a P2P level too high for the
 board) hangs SGLang's start at its first collective: a slow load until ``start_stall_s`` (900 s)
 with no hint of the cause. This step runs remote/allreduce_check.py with the server venv's torch
-and the unit's environment (its NCCL_* included), bounded by ``allreduce_timeout_s``, and fails
-naming the env it used and what to try; a bus bandwidth under ``allreduce_min_busbw_gbs`` fails
+and the unit's environment as far as it bears on NCCL, CUDA and torch (CHECK_ENV_PREFIXES: never a
+secret of extra_env in argv), bounded by ``allreduce_timeout_s``, and fails naming the env it used
+and what to try; a bus bandwidth under ``allreduce_min_busbw_gbs`` fails
 it too. A passing result is kept with what it was measured on (the driver, the kernel command
 line, the TP GPUs' PCI addresses, the NCCL env): the next run repeats nothing until one changes.
 
@@ -33,6 +34,14 @@ from facts.systemd import SystemdUnitState
 from tasks.spec import Spec
 
 SCRIPT = REMOTE_SRC_DIR / "allreduce_check.py"
+# the unit's variables the check runs with: what bears on NCCL, CUDA and torch (and the sandbox's stall
+# fault). Never the rest of extra_env: it may hold a secret, and a command line is world-readable (ps).
+CHECK_ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "GLOO_", "LD_LIBRARY_PATH", "SGC_ALLREDUCE_")
+
+
+def check_env(unit_env: dict[str, str]) -> dict[str, str]:
+    """The unit's variables the check runs with (CHECK_ENV_PREFIXES)."""
+    return {k: v for k, v in unit_env.items() if k.startswith(CHECK_ENV_PREFIXES)}
 
 
 def result_path(unit_stem: str) -> str:
@@ -116,7 +125,7 @@ def nccl_check(spec: Spec):
     gpus = {gpu.index: gpu for gpu in host.get_fact(NvidiaGpus)}
     bus_ids = [gpus[i].pci_bus_id or "" for i in spec.gpu_ids if i in gpus]
     driver = next((gpus[i].driver_version for i in spec.gpu_ids if i in gpus), None)
-    env = spec.unit_env
+    env = check_env(spec.unit_env)
     allreduce_checked(
         name=f"all-reduce over GPUs {spec.gpu_ids} within {spec.allreduce_timeout_s:g} s",
         python=f"{spec.server_venv}/bin/python", gpu_ids=list(spec.gpu_ids), env=env,

@@ -46,3 +46,13 @@ def test_the_check_passes_and_keeps_its_result_and_a_stalled_rank_fails_within_t
         in proc.stderr, proc.stderr
     assert "try: the host fitness fixes the preflight names" in proc.stderr
     assert not out.exists()  # a failure keeps nothing: the next run checks again
+
+
+def test_only_the_units_nccl_cuda_and_torch_variables_reach_the_checks_command_line():
+    """extra_env may hold a secret; the check's command line (world-readable in ps) gets only what bears on
+    NCCL, CUDA and torch, and the sandbox's stall fault."""
+    from tasks.nccl_check import check_env
+
+    env = {"NCCL_P2P_LEVEL": "SYS", "CUDA_VISIBLE_DEVICES": "0,1", "SGC_ALLREDUCE_STALL_RANK": "1",
+           "HF_TOKEN": "hf_secret", "MY_API_KEY": "sk-secret"}
+    assert check_env(env) == {"NCCL_P2P_LEVEL": "SYS", "CUDA_VISIBLE_DEVICES": "0,1", "SGC_ALLREDUCE_STALL_RANK": "1"}
