@@ -58,7 +58,8 @@ test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox
 
 ## make test: lint (ruff, mypy), unit tests (facts, operations, spec, stand-ins) + sandbox integration tests.
 ## Lint, the stand-ins' test venvs and the unit tests (CPU, loopback only) run beside the integration
-## tests, which mostly wait on the sandbox hosts; their output follows the integration tests' (in
+## tests, which mostly wait on the sandbox hosts, at a low priority (nice 15: the sandbox hosts' timed
+## starts and ssh handshakes come first on a 2-core machine); their output follows the integration tests' (in
 ## REPORTS/unit-tests.log). The integration tests run on WORKERS pytest-xdist workers (default 2), each
 ## taking whole groups (a module, or the modules that share hosts: tests/conftest.py), then the tests that
 ## remove every host (marker runs_last) run alone. Each phase's seconds and the JUnit reports go to
@@ -69,7 +70,7 @@ WORKERS ?= 2
 REPORTS ?= .sandbox/reports
 test: setup .sandbox/nvml-venv/.installed
 	@mkdir -p $(REPORTS); rm -f $(REPORTS)/*.xml $(REPORTS)/phases.txt; \
-	( s=$$(date +%s); $(MAKE) --no-print-directory lint test-venvs unit; rc=$$?; \
+	( s=$$(date +%s); nice -n 15 $(MAKE) --no-print-directory lint test-venvs unit; rc=$$?; \
 		echo "lint, test venvs and unit tests (beside the integration tests)	$$(( $$(date +%s) - s ))" >> $(REPORTS)/phases.txt; \
 		exit $$rc ) > $(REPORTS)/unit-tests.log 2>&1 & unit=$$!; \
 	s=$$(date +%s); \

@@ -20,7 +20,11 @@ def connection_data(entry: dict) -> dict:
         "ssh_strict_host_key_checking": "no",
         "ssh_allow_agent": False,
         "ssh_look_for_keys": False,
-        "ssh_connect_retries": 2,
+        # a 2-core machine busy with 8 stand-in ranks (and CI's unit tests) can be slow to answer a
+        # handshake: a few tries, seconds apart, rather than pyinfra's 0.1-0.5 s
+        "ssh_connect_retries": 3,
+        "ssh_connect_retry_min_delay": 1.0,
+        "ssh_connect_retry_max_delay": 3.0,
     }
     wheels = sorted(WHEELS.glob("pip-*.whl"))  # the offline pip bootstrap the scenario keeps
     if wheels:
