@@ -32,10 +32,12 @@ setup: $(VENV)/.installed .apt-tools
 
 # Venvs the stand-in's unit tests run under: SGLang's real parser (sglang
 # without its CUDA deps, beside the machine's CPU torch) and compressed-tensors 0.8.1.
+# The first (torch, transformers, gguf) also converts the real pretrained model the sandbox Hub
+# serves (sandbox/smollm2.py): whatever starts the Hub needs it (HUB_VENV).
 PARSER_DEPS := msgspec==0.23.0 numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 \
 	requests==2.34.2 packaging==26.4 pillow==13.0.0 zstandard==0.25.0 starlette==1.10.0 \
 	pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 aiohttp==3.14.5 pyyaml==6.0.4 triton==3.9.0 \
-	safetensors==0.8.0 huggingface_hub==1.33.0 compressed-tensors==0.18.0 transformers==5.19.0
+	safetensors==0.8.0 huggingface_hub==1.33.0 compressed-tensors==0.18.0 transformers==5.19.0 gguf==0.19.0
 .sandbox/sglang-venv/.installed: Makefile
 	$(PYTHON) -m venv .sandbox/sglang-venv
 	.sandbox/sglang-venv/bin/pip install -q --no-compile torch==2.13.0
@@ -54,6 +56,7 @@ PARSER_DEPS := msgspec==0.23.0 numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase6
 	.sandbox/nvml-venv/bin/pip install -q nvidia-ml-py==13.615.71
 	touch $@
 
+HUB_VENV := .sandbox/sglang-venv/.installed
 test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox/nvml-venv/.installed
 
 ## make test: lint (ruff, mypy), unit tests (facts, operations, spec, stand-ins) + sandbox integration tests.
@@ -68,7 +71,7 @@ INTEGRATION ?= tests/integration
 UNIT ?= tests/unit
 WORKERS ?= 2
 REPORTS ?= .sandbox/reports
-test: setup .sandbox/nvml-venv/.installed
+test: setup .sandbox/nvml-venv/.installed $(HUB_VENV)
 	@mkdir -p $(REPORTS); rm -f $(REPORTS)/*.xml $(REPORTS)/phases.txt; \
 	( s=$$(date +%s); nice -n 15 $(MAKE) --no-print-directory lint test-venvs unit; rc=$$?; \
 		echo "lint, test venvs and unit tests (beside the integration tests)	$$(( $$(date +%s) - s ))" >> $(REPORTS)/phases.txt; \
@@ -98,7 +101,7 @@ unit: $(VENV)/.installed
 ## make demo: boot a sandbox GPU host and converge it (KEEP=1 leaves it running; REAL=1: the real
 ## SGLang server on a sandbox host's CPU, answering a chat request)
 REAL ?= 0
-demo: setup
+demo: setup $(HUB_VENV)
 	$(PY) -m sandbox.demo $(if $(filter 1,$(KEEP)),--keep,) $(if $(filter 1,$(REAL)),--real,)
 
 # ansible-core for the bench's no-op comparison only (bench/ansible/noop.yml): its own venv, not a project dependency
@@ -113,7 +116,7 @@ ANSIBLE_CORE := ansible-core==2.19.14
 ## QUICK=1: every part once at its smallest size (figures in .sandbox/bench-quick.json; make test runs it)
 PART ?=
 QUICK ?= 0
-bench: setup .sandbox/ansible-venv/.installed
+bench: setup .sandbox/ansible-venv/.installed $(HUB_VENV)
 	$(PY) -m bench $(foreach p,$(PART),--part $(p)) $(if $(filter 1,$(QUICK)),--quick,)
 
 ## make rollout INVENTORY=inventory/sandbox_fleet.py BATCH=2 CANARY=1: rolling rollout of deploy.py (python -m rollout)
@@ -121,10 +124,10 @@ INVENTORY ?= inventory/sandbox_fleet.py
 BATCH ?= 1
 CANARY ?= 1
 .PHONY: rollout
-rollout: setup
+rollout: setup $(HUB_VENV)
 	$(PY) -m rollout $(INVENTORY) --batch-size $(BATCH) --canary $(CANARY)
 
-up: setup
+up: setup $(HUB_VENV)
 	$(PY) -m sandbox up --hosts $(HOSTS)
 
 down: $(VENV)/.installed

@@ -49,6 +49,12 @@ def wrong_answers(results: dict) -> list[str]:
     return lines
 
 
+def right_answers(results: dict) -> list[str]:
+    """One line per check that passed: the prompt and the answer (its first 120 characters)."""
+    return [f"{check['prompt']!r} answered {str(check.get('got'))[:120]!r}"
+            for check in results.get("checks", []) if check.get("ok")]
+
+
 def smoke_answers_right(state, host, spec: Spec) -> bool:
     """Run the profile's smoke checks on the host and judge them (True when it has none)."""
     checks = spec.profile.smoke
@@ -65,4 +71,6 @@ def smoke_answers_right(state, host, spec: Spec) -> bool:
     tools = sum(1 for check in checks if check.tool is not None)
     host.log(f"readiness: smoke checks passed: {len(checks)} of {len(checks)} (temperature 0"
              + (f"; {tools} tool call(s) parsed)" if tools else ")"), logger.warning)
+    for line in right_answers(results):  # what the model said: the operator sees it is a real answer
+        host.log(f"readiness: smoke: {line}", logger.warning)
     return True

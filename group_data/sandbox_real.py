@@ -1,12 +1,13 @@
 # Sandbox hosts that run the REAL SGLang server (inventory/sandbox_real.py): sglang 0.5.23's own
 # `python -m sglang.launch_server`, through the production unit, launcher (key redaction),
-# parser check, restart stamps, readiness, rollback and router membership, serving a tiny Llama
-# (models/sandbox-real-llama.yaml) on the guest's CPU. Only the GPU is simulated: the sandbox's
+# parser check, restart stamps, readiness, rollback and router membership, serving a real pretrained
+# chat model, SmolLM2-135M-Instruct (models/sandbox-real-smollm2.yaml), on the guest's CPU: its
+# smoke checks are the model's own answers. Only the GPU is simulated: the sandbox's
 # nvidia-smi/NVML stand-ins list 8 GPUs, and a shim (sandbox/realshim/sitecustomize.py) registers
 # each real scheduler process on its GPU with the simulation, so the GPU steps see the TP ranks.
 #
 # Everything that differs from ct200 because there is no GPU is in this file:
-model = "sandbox-real-llama"
+model = "sandbox-real-smollm2"
 gpu_ids = [0]                # TP 1 (TP 2 also runs on CPU: see the SGLANG_CPU_OMP_THREADS_BIND note below)
 tp_size = 1
 attention_backend = "torch_native"  # what SGLang runs on a CPU ("auto" would pick flashinfer for MHA on the simulated SM120)

@@ -22,8 +22,8 @@ demo with exit 1 and what was seen instead (tests/integration/test_demo.py runs
 
 `make demo REAL=1` (--real) instead converges one host that runs the REAL SGLang
 server (sglang 0.5.23 on the guest's CPU, group_data/sandbox_real.py) serving a
-tiny random Llama, and prints its answer to a chat request; only its GPU is
-simulated. The first converge installs the ~8 GB venv (a few minutes).
+real pretrained chat model (SmolLM2-135M-Instruct), and prints its answer to a
+chat question; only its GPU is simulated. The first converge installs the ~8 GB venv (a few minutes).
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 REAL_HOST_INDEX = 290
+REAL_MODEL = "smollm2"  # the served name of models/sandbox-real-smollm2.yaml (group_data/sandbox_real.py)
 
 
 def real_demo(keep: bool) -> int:
@@ -166,20 +167,21 @@ def real_demo(keep: bool) -> int:
     try:
         step(f"1. a fresh sandbox host for the REAL SGLang server ({name}; its GPUs SIMULATED, its CPU real)")
         host = sandbox_api.up(indexes=[REAL_HOST_INDEX])[0]
-        step("2. converge: venv with sglang 0.5.23 (~8 GB), the tiny Llama, the unit, readiness")
+        step("2. converge: venv with sglang 0.5.23 (~8 GB), SmolLM2-135M-Instruct, the unit, readiness and its gates")
         converge, _ = run(pyinfra)
         step("3. the same deploy again changes nothing and restarts nothing")
         again, out = run(pyinfra)
         milestone("the second converge changed nothing", changes(out) == (0, 0), out)
-        step("4. the real server answers a chat request (random weights: the words are arbitrary)")
-        body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello"}],
-                           "max_tokens": 16, "temperature": 0})
+        step("4. the real server answers a chat request (a real pretrained model: its own answer)")
+        question = "What is the capital of France?"
+        body = json.dumps({"model": REAL_MODEL, "messages": [{"role": "user", "content": question}],
+                           "max_tokens": 32, "temperature": 0})
         # the deploy's root-only auth header file, when SGLANG_API_KEY was exported
         auth = "A=; [ -f /etc/sglang/sglang.auth ] && A='-H @/etc/sglang/sglang.auth'; curl -sf $A"
         out = host.run(f"{auth} -H 'content-type: application/json' -d '{body}' "
                        "http://127.0.0.1:30000/v1/chat/completions", timeout=60).stdout
-        answer = json.loads(out)
-        console.print(answer["choices"][0]["message"])
+        answer = json.loads(out)["choices"][0]["message"]["content"]
+        console.print(f"Q: {question}\nA ({REAL_MODEL}): {answer}")
         info = json.loads(host.run(f"{auth} http://127.0.0.1:30000/get_server_info", timeout=60).stdout)
         console.print(f"served by sglang {info['version']} (device {info['device']}, "
                       f"KV pool {info['max_total_num_tokens']} tokens)")

@@ -1,8 +1,9 @@
 """The sandbox's Hub stand-in as a background process, serving every sandbox
 profile's repo (models/sandbox-*.yaml) at its pinned revision - the tiny MLA
 models in their quantization formats (sandbox/tinymodel.py), the tiny EAGLE3
-draft model that models/sandbox-tiny-eagle3.yaml adds, and the tiny Llamas that
-the real SGLang server serves (sandbox/tinyllama.py) - on HUB_ADDRESS, an
+draft model that models/sandbox-tiny-eagle3.yaml adds, the tiny Llamas and the real
+pretrained SmolLM2 (sandbox/tinyllama.py, sandbox/smollm2.py) that the real SGLang
+server serves - on HUB_ADDRESS, an
 address the sandbox adds to the machine's loopback device: every guest reaches
 it through its default route (the machine side of its veth), and it stays the
 same whatever hosts come and go. `python -m sandbox up` starts it, `down`
@@ -22,6 +23,8 @@ from pathlib import Path
 from urllib.error import HTTPError
 
 import yaml
+
+from sandbox import smollm2
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox"))
@@ -62,6 +65,8 @@ def _generate_profile(prof: dict, size_mb: int) -> Path:
     """The repo of a profile, generated once into MODEL_CACHE (by repo, revision and kind)."""
     if prof["repo"] == profile()["repo"]:  # another revision of the default profile's repo
         return _next_revision(prof, size_mb)
+    if prof["repo"] == smollm2.REPO:  # the real pretrained model, converted from its PyPI wheel
+        return _smollm2_revision(prof["revision"])
     quant = prof.get("quantization") or {}
     kind = "llama" if prof["attention"] == "mha" else quant.get("format", "dense")
     directory = MODEL_CACHE / f"{prof['repo'].replace('/', '--')}-{prof['revision'][:12]}-{kind}"
@@ -81,6 +86,39 @@ def _generate_profile(prof: dict, size_mb: int) -> Path:
         tinymodel.generate(directory, size_mb, 3, kind, commit=prof["revision"], repo_name=prof["repo"])
     done.write_text("ok\n")
     return directory
+
+
+# The venv the real model is converted and checked in (torch, transformers, gguf: Makefile's sglang-venv)
+CONVERTER_PYTHON = REPO_ROOT / ".sandbox" / "sglang-venv" / "bin" / "python"
+
+
+def _smollm2_revision(revision: str) -> Path:
+    """A revision of the SmolLM2 repo (sandbox/smollm2.py REVISIONS), converted once into MODEL_CACHE; the
+    good one first (each fault revision starts from it). Its greedy answers are kept beside it (.done)."""
+    variants = {rev: name for name, rev in smollm2.REVISIONS.items()}
+    if revision not in variants:
+        raise RuntimeError(f"{smollm2.REPO}@{revision}: not a revision the sandbox makes "
+                           f"(sandbox/smollm2.py REVISIONS: {', '.join(sorted(variants))})")
+
+    def directory(rev: str) -> Path:
+        return MODEL_CACHE / f"{smollm2.REPO.replace('/', '--')}-{rev[:12]}-smollm2"
+
+    good = directory(smollm2.REVISIONS["good"])
+    for variant in dict.fromkeys(("good", variants[revision])):
+        out = directory(smollm2.REVISIONS[variant])
+        done = out.with_name(out.name + ".done")  # beside it: the Hub serves every file in it
+        if done.is_file():
+            continue
+        if not CONVERTER_PYTHON.is_file():
+            raise RuntimeError(f"the sandbox Hub converts {smollm2.REPO} with {CONVERTER_PYTHON}, which is not there: "
+                               f"`make test-venvs` makes it (`make up`, `make demo` and `make test` do it first)")
+        argv = [str(CONVERTER_PYTHON), "-m", "sandbox.smollm2", str(out), "--variant", variant,
+                "--good-dir", str(good), "--wheel-dir", str(MODEL_CACHE)]
+        proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"converting {smollm2.REPO} ({variant}) failed: {proc.stderr.strip()[-2000:]}")
+        done.write_text(proc.stdout.strip().splitlines()[-1] + "\n")
+    return directory(revision)
 
 
 def _next_revision(prof: dict, size_mb: int) -> Path:

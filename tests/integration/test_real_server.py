@@ -1,7 +1,10 @@
 """The REAL SGLang server (sglang 0.5.23's own `python -m sglang.launch_server`) on one sandbox
 host, through the production unit: group_data/sandbox_real.py, inventory/sandbox_real.py,
-models/sandbox-real-llama.yaml. Only the GPU is simulated (the shim registers the real
-scheduler process with the sandbox's GPU simulation). The host (sgc290) is converged once, with
+models/sandbox-real-smollm2.yaml: a real pretrained chat model (SmolLM2-135M-Instruct, from its
+PyPI wheel: sandbox/smollm2.py), so the smoke gate meets the model's own answers, right ones and
+the garbage of a corrupted revision. Only the GPU is simulated (the shim registers the real
+scheduler process with the sandbox's GPU simulation). The tiny random Llama is kept where this
+model cannot serve: the incident (a compressed-tensors config.json: models/sandbox-real-llama-ct.yaml). The host (sgc290) is converged once, with
 an API key, and shared by these tests (tests/integration/helpers.shared_real_host); the venv
 (~8 GB, the full lock of group_data/sandbox_real.py) is installed by that converge's own pip.
 """
@@ -33,8 +36,9 @@ TIMINGS: dict[str, float] = {}
 CT_VERSION = ("{venv}/bin/python -c 'import importlib.metadata as m; "
               "print(m.version(\"compressed-tensors\"))'")  # .format(venv=server_venv(host))
 AUTH = f"-H 'Authorization: Bearer {API_KEY}'"
-CHAT = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello"}],
-                   "max_tokens": 8, "temperature": 0})
+MODEL = "smollm2"  # models/sandbox-real-smollm2.yaml's served_model_name
+CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                   "max_tokens": 16, "temperature": 0})
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,7 @@ def journal(host) -> str:
 
 def test_the_real_server_is_what_serves_and_it_answers_a_chat_request(real):
     out = real.converge_out
-    assert "ready: sglang.service serves tiny-llama" in out, out[-4000:]
+    assert f"ready: sglang.service serves {MODEL}" in out, out[-4000:]
     assert "SIMULATED" in out  # the output says the GPU is simulated
     # the launch fingerprint read from the real /server_info, as planned (--max-total-tokens caps the memory fit)
     assert "readiness: launch fingerprint as planned: max_total_num_tokens=8192, attention_backend=torch_native" \
@@ -71,7 +75,7 @@ def test_the_real_server_is_what_serves_and_it_answers_a_chat_request(real):
     assert speed and float(speed.group(1)) > 0 and float(speed.group(2)) > 0, out[-4000:]
     print(f"\nreal server decode: concurrency 1 {speed.group(1)} tok/s, concurrency 4 {speed.group(2)} tok/s")
     unit = real.run("cat /etc/systemd/system/sglang.service").stdout
-    assert "server_launch.py sglang.launch_server --model-path /srv/models/tiny-llama-revisions/" in unit, unit
+    assert "server_launch.py sglang.launch_server --model-path /srv/models/smollm2-revisions/530153015301" in unit, unit
     log = journal(real)
     assert "The server is fired up and ready to roll!" in log  # SGLang's own ready line
     assert "Load weight end. elapsed=" in log and "type=LlamaForCausalLM" in log, log[-3000:]
@@ -83,9 +87,24 @@ def test_the_real_server_is_what_serves_and_it_answers_a_chat_request(real):
     code, answer = curl(real, "/v1/chat/completions", CHAT)
     assert code == 200, answer
     answer = json.loads(answer)
-    assert answer["model"] == "tiny-llama" and answer["usage"]["completion_tokens"] == 8, answer
-    # greedy decoding of the pinned random weights: the same answer every time
+    assert answer["model"] == MODEL and answer["choices"][0]["finish_reason"] == "stop", answer
+    print(f"\nthe real server's answer: {answer['choices'][0]['message']['content']!r}")
+    assert re.search(r"\bParis\b", answer["choices"][0]["message"]["content"]), answer  # the model's own answer
+    # greedy decoding: the same answer every time
     assert json.loads(curl(real, "/v1/chat/completions", CHAT)[1])["choices"] == answer["choices"]
+
+
+def test_the_smoke_gate_passed_on_the_models_own_answers_and_showed_them(real):
+    """The positive control of the faults below: the good revision's start passed every gate, the smoke
+    checks (models/sandbox-real-smollm2.yaml: chat, chat with chat_template_kwargs, completions) among
+    them, and the output shows what the model answered."""
+    out = real.converge_out
+    assert "readiness: smoke checks passed: 3 of 3 (temperature 0)" in out, out[-4000:]
+    assert re.search(r"readiness: smoke: 'What is the capital of France\?' answered '.*\bParis\b", out), out[-3000:]
+    assert re.search(r"readiness: smoke: 'What is 2\+2\?' answered '.*\b4\b", out), out[-3000:]
+    assert re.search(r"readiness: smoke: '1, 2, 3, 4, 5,' answered ' ?6, ?7, ?8", out), out[-3000:]
+    kept = json.loads(real.run("cat /var/lib/sglang-converge/launch/sglang.smoke.json").stdout)
+    print("\nsmoke answers on the real server: " + "; ".join(f"{c['prompt']!r} -> {c['got']!r}" for c in kept["checks"]))
 
 
 def test_the_gpu_steps_see_the_real_scheduler_on_its_simulated_gpu(real):
@@ -129,7 +148,7 @@ def test_a_bad_flag_is_refused_by_the_real_parser_and_the_server_is_untouched(re
 
 
 def test_a_config_the_real_server_dies_of_is_rolled_back_and_serves_again(real, tmp_path):
-    """--context-length above the model's 4096 positions: the parser accepts it, the real
+    """--context-length above the model's 8192 positions: the parser accepts it, the real
     server refuses it at start (sglang/srt/configs/model_config.py)."""
     good_unit = real.run("cat /etc/systemd/system/sglang.service").stdout
     before = unit_props(real, "sglang.service")
@@ -138,7 +157,7 @@ def test_a_config_the_real_server_dies_of_is_rolled_back_and_serves_again(real, 
     proc = real_pyinfra("deploy.py", "--group-data", str(tmp_path), limit=real.name, env=ENV)
     assert proc.returncode != 0, proc.out[-4000:]
     assert "restart sglang.service: unit file changed" in proc.out, proc.out[-4000:]
-    assert "greater than the derived context_length (4096)" in proc.out, proc.out[-4000:]  # the real journal line
+    assert "greater than the derived context_length (8192)" in proc.out, proc.out[-4000:]  # the real journal line
     assert "readiness: rolled back: sglang.service serves the last good configuration again" in proc.out
     assert real.run("cat /etc/systemd/system/sglang.service").stdout == good_unit
     after = unit_props(real, "sglang.service")
@@ -148,13 +167,76 @@ def test_a_config_the_real_server_dies_of_is_rolled_back_and_serves_again(real, 
     assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
 
 
+
+# --------------------------------------------------------------------------- a real model's wrong answers
+
+WRONG = re.compile(r"readiness: smoke: ('[^']*') wanted (/.*?/), got (.*)")
+SPEED = re.compile(r"readiness: decode speed as expected: concurrency 1 ([\d.]+) tok/s, concurrency 4 ([\d.]+) tok/s"
+                   r" \(([^)]*)\)")
+
+
+def a_bad_revision_is_rolled_back(real, profile: str) -> tuple[str, dict[str, tuple[str, str]]]:
+    """Deploy the fault revision ``profile`` of the good model: it downloads beside the serving revision,
+    the restart switches to it, real SGLang loads it and serves (/health 200, fingerprint and speed as
+    planned), the smoke gate finds wrong answers; rolled back, the good revision serves again and a
+    re-run changes nothing. Returns (the run's output, {prompt: (regex, what came back)})."""
+    good_unit = real.run("cat /etc/systemd/system/sglang.service").stdout
+    before = unit_props(real, "sglang.service")
+    proc = real_pyinfra("deploy.py", "--data", f"model={profile}", limit=real.name, env=ENV)
+    assert proc.returncode != 0, proc.out[-4000:]
+    assert "restart sglang.service: unit file changed" in proc.out, proc.out[-4000:]
+    assert f"ready: sglang.service serves {MODEL}" in proc.out and "readiness: launch fingerprint as planned" in \
+        proc.out, proc.out[-4000:]  # it loaded and answered: only its answers are wrong
+    # the second start of this model's weights: decode speed held to the good start's, kept as last good
+    speed = SPEED.search(proc.out)
+    assert speed and "no last good figure" not in speed.group(3), proc.out[-4000:]
+    print(f"\n{profile}: decode speed as expected: c1 {speed.group(1)} tok/s, c4 {speed.group(2)} tok/s "
+          f"({speed.group(3)})")
+    wrong = {prompt: (regex, got) for prompt, regex, got in WRONG.findall(proc.out)}
+    assert wrong, proc.out[-4000:]
+    print(f"{profile}: the smoke gate's wrong answers: {wrong}")
+    assert "readiness: rolled back: sglang.service serves the last good configuration again" in proc.out, \
+        proc.out[-4000:]
+    assert real.run("cat /etc/systemd/system/sglang.service").stdout == good_unit
+    after = unit_props(real, "sglang.service")
+    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"]
+    code, answer = curl(real, "/v1/chat/completions", CHAT)
+    assert code == 200 and "Paris" in json.loads(answer)["choices"][0]["message"]["content"], answer
+    again = real_pyinfra("deploy.py", limit=real.name, env=ENV)
+    assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
+    return proc.out, wrong
+
+
+def test_a_corrupted_revision_serves_health_200_answers_garbage_and_is_rolled_back(real):
+    """models/sandbox-real-smollm2-corrupt.yaml: the repo's next revision with one layer's down_proj rows
+    permuted (sandbox/smollm2.py corrupt). Real SGLang loads it and answers /health 200; every chat
+    answer is the real garbage, named with its prompt and regex."""
+    out, wrong = a_bad_revision_is_rolled_back(real, "sandbox-real-smollm2-corrupt")
+    assert "'What is the capital of France?'" in wrong and "Paris" not in wrong["'What is the capital of France?'"][1]
+    assert wrong["'What is 2+2?'"][0] == r"/\b4\b/", wrong
+
+
+def test_a_chat_template_without_the_user_turn_answers_the_wrong_question_and_is_rolled_back(real):
+    """models/sandbox-real-smollm2-no-user-turn.yaml: the next revision's tokenizer_config.json drops the
+    user's turn from the chat template. Recorded here: real SGLang 0.5.23 takes the template, starts and
+    serves; the chat answers are about a question the model never saw (the smoke gate fails them),
+    while the completions check, which uses no template, still passes."""
+    out, wrong = a_bad_revision_is_rolled_back(real, "sandbox-real-smollm2-no-user-turn")
+    assert {"'What is the capital of France?'", "'What is 2+2?'"} <= set(wrong), wrong
+    assert "'1, 2, 3, 4, 5,'" not in wrong, wrong  # /v1/completions: no template, the right answer
+
 DROP_IN = "/run/systemd/system/sglang.service.d/kill-mode.conf"
-# long enough to be in flight across the SIGTERM and a few of the drain's 5 s lines, short enough to drain
-# within the unit's TimeoutStopSec=120 on 2 loaded cores: 3500 tokens once took past it (under 29 tok/s
-# beside the other xdist worker), SIGKILLed mid-drain
-INFLIGHT_TOKENS = 1200
-INFLIGHT = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": INFLIGHT_TOKENS, "ignore_eos": True,
-                                                             "temperature": 0}})
+
+
+def inflight(host) -> tuple[int, str]:
+    """(tokens, the /generate body) of a generation that lasts ~20 s at the decode speed the host's converge
+    measured (concurrency 1), within 200..1200 tokens: in flight across the SIGTERM and a few of the drain's
+    5 s lines, yet drained within the unit's TimeoutStopSec=120 on 2 loaded cores (a fixed 3500 tokens once
+    took past it, SIGKILLed mid-drain; SmolLM2 decodes far slower than the tiny random Llama did)."""
+    speed = re.search(r"decode speed as expected: concurrency 1 ([\d.]+) tok/s", host.converge_out)
+    tokens = max(200, min(1200, int(float(speed.group(1)) * 20))) if speed else 200
+    return tokens, json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True,
+                                                                      "temperature": 0}})
 
 
 def _serves(host) -> bool:
@@ -171,11 +253,12 @@ def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mod
     assert "KillMode=mixed" in real.run("cat /etc/systemd/system/sglang.service").stdout
     real.run(f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '[Service]\\nKillMode={kill_mode}\\n' > {DROP_IN}"
              " && systemctl daemon-reload")
+    tokens, body = inflight(real)
     try:
         decoded = "journalctl -u sglang.service -o cat --no-pager | grep -c 'Decode batch' || true"
         before = int(real.run(decoded).stdout.strip() or 0)
         real.run(f"rm -f /tmp/inflight.*; (curl -s -o /tmp/inflight.json -w '%{{http_code}}' {AUTH} "
-                 f"-H 'content-type: application/json' -d '{INFLIGHT}' http://127.0.0.1:30000/generate "
+                 f"-H 'content-type: application/json' -d '{body}' http://127.0.0.1:30000/generate "
                  "> /tmp/inflight.code 2>&1 &)")
         wait_until(lambda: int(real.run(decoded).stdout.strip() or 0) > before, 60, "the generation to decode")
         real.run("systemctl stop sglang.service", timeout=200)
@@ -184,11 +267,11 @@ def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mod
         code = real.run("cat /tmp/inflight.code").stdout.strip()
         status = real.run("systemctl show sglang.service -p ExecMainStatus --value").stdout.strip()
         log = real.run("journalctl -u sglang.service -o cat --no-pager -n 60").stdout
-        print(f"\nKillMode={kill_mode}: in-flight request HTTP {code}, main process exit status {status}")
+        print(f"\nKillMode={kill_mode}: in-flight request of {tokens} tokens HTTP {code}, main process exit status {status}")
         if kill_mode == "mixed":
             assert code == "200", (code, log[-3000:])
-            body = json.loads(real.run("cat /tmp/inflight.json").stdout)
-            assert body["meta_info"]["completion_tokens"] == INFLIGHT_TOKENS, body["meta_info"]
+            done = json.loads(real.run("cat /tmp/inflight.json").stdout)
+            assert done["meta_info"]["completion_tokens"] == tokens, done["meta_info"]
             assert "Gracefully exiting... Remaining number of requests 1" in log, log[-3000:]
             assert status == "0", status
         else:
@@ -206,16 +289,19 @@ def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mod
 # --------------------------------------------------------------------------- the memory plan held to it
 
 SHIM_LINE = re.compile(r"sandbox shim \(simulated GPU\): TP(\d+) of (\d+) loaded (\w+): (\d+) parameter bytes")
-TP2_UNIT, TP2_PORT = "sglang-tp2-probe.service", 30200
+TP3_UNIT, TP3_PORT = "sglang-tp3-probe.service", 30200
 
 
 def planned_per_rank(tp: int) -> int:
-    """core/tensor_plan.py's weights per rank for the tiny Llama the real server loads."""
-    from core.tensor_plan import place, summarize
-    from sandbox import tinyllama
+    """core/tensor_plan.py's weights per rank for the model the real server loads: SmolLM2's own
+    safetensors header and config.json, as the sandbox Hub serves them."""
+    from core.tensor_plan import file_tensors, place, summarize
+    from sandbox import smollm2
+    from sandbox.hubd import MODEL_CACHE
 
-    return place(summarize((t.name, t.dtype, t.shape) for t in tinyllama._tensors()), tinyllama.config(),
-                 tp).per_rank_bytes
+    repo = MODEL_CACHE / f"{smollm2.REPO.replace('/', '--')}-{smollm2.REVISIONS['good'][:12]}-smollm2"
+    config = json.loads((repo / "config.json").read_text())
+    return place(summarize(file_tensors([repo / "model.safetensors"])), config, tp).per_rank_bytes
 
 
 def shim_counts(log: str) -> dict[tuple[int, int], int]:
@@ -223,38 +309,41 @@ def shim_counts(log: str) -> dict[tuple[int, int], int]:
     return {(int(m[1]), int(m[2])): int(m[4]) for m in SHIM_LINE.finditer(log)}
 
 
-def test_the_plans_weights_per_rank_are_what_the_real_server_holds_at_tp_1_and_2(real):
+def test_the_plans_weights_per_rank_are_what_the_real_server_holds_at_tp_1_and_3(real):
     """The memory plan's weights per GPU (core/tensor_plan.py, from the checkpoint's safetensors
     headers: the preflight read them from the sandbox Hub by range requests) against the bytes of
     the parameters the real SGLang scheduler holds once it has loaded the model, counted inside
-    the process by the GPU shim: at TP 1 (the serving unit) and at TP 2 (the unit's command line on
-    simulated GPUs 2 and 3, gloo between its ranks), within 5%. The tiny Llama has 2 KV heads: at
-    TP 2 each rank holds one, its vocabulary (384) splits in halves."""
+    the process by the GPU shim: at TP 1 (the serving unit) and at TP 3 (the unit's command line on
+    simulated GPUs 2-4, gloo between its ranks), within 5%. SmolLM2 has 9 heads and 3 KV heads (TP 2
+    does not divide them: SGLang refuses it): at TP 3 each rank holds 3 heads and one KV head, and
+    its vocabulary (49152, tied to the LM head) splits in thirds."""
     assert "counted per tensor at TP 1: " in real.converge_out and "(from the Hub's safetensors headers)" \
         in real.converge_out, real.converge_out[-4000:]
     held = shim_counts(journal(real))
     assert held.get((0, 1)), journal(real)[-3000:]
     assert abs(held[(0, 1)] - planned_per_rank(1)) <= 0.05 * planned_per_rank(1), (held, planned_per_rank(1))
-    argv = unit_argv(real, port=TP2_PORT)
-    argv[argv.index("--tp-size") + 1] = "2"
-    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "/nonexistent", "CUDA_VISIBLE_DEVICES": "2,3",
-           "PYTHONPATH": "/usr/local/lib/sandbox-gpu/realshim", "SANDBOX_GPU_SHIM_MIB": "1024",
-           "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": "/usr/local/lib/sandbox-gpu/cuda"}  # as at TP 2 (FACTS)
+    argv = unit_argv(real, port=TP3_PORT)
+    argv[argv.index("--tp-size") + 1] = "3"
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1|0", "SGLANG_NCCL_SO_PATH": "/nonexistent",
+           "CUDA_VISIBLE_DEVICES": "2,3,4", "PYTHONPATH": "/usr/local/lib/sandbox-gpu/realshim",
+           "SANDBOX_GPU_SHIM_MIB": "1024", "SGLANG_USE_CPU_ENGINE": "1",
+           "LD_LIBRARY_PATH": "/usr/local/lib/sandbox-gpu/cuda"}  # as at TP 2 (FACTS), a rank more
     setenv = " ".join(f"--setenv={k}={shlex.quote(v)}" for k, v in env.items())
-    real.run(f"systemctl reset-failed {TP2_UNIT} 2>/dev/null; systemd-run --unit {TP2_UNIT} -p KillMode=mixed "
+    real.run(f"systemctl reset-failed {TP3_UNIT} 2>/dev/null; systemd-run --unit {TP3_UNIT} -p KillMode=mixed "
              f"{setenv} {' '.join(shlex.quote(a) for a in argv)}")
+    ranks = {(0, 3), (1, 3), (2, 3)}
     try:
-        tp2_log = lambda: real.run(f"journalctl -u {TP2_UNIT} --no-pager -o cat", timeout=60).stdout  # noqa: E731
-        wait_until(lambda: {(0, 2), (1, 2)} <= set(shim_counts(tp2_log())), 300, "both TP 2 ranks to load the model")
-        counts = shim_counts(tp2_log())
+        tp3_log = lambda: real.run(f"journalctl -u {TP3_UNIT} --no-pager -o cat", timeout=60).stdout  # noqa: E731
+        wait_until(lambda: ranks <= set(shim_counts(tp3_log())), 300, "the three TP 3 ranks to load the model")
+        counts = shim_counts(tp3_log())
     finally:
-        real.run(f"systemctl stop {TP2_UNIT}; systemctl reset-failed {TP2_UNIT} 2>/dev/null; true", timeout=120)
-    plan2 = planned_per_rank(2)
-    print(f"\nweights per rank: TP 1 plan {planned_per_rank(1)}, held {held[(0, 1)]}; TP 2 plan {plan2}, held "
-          f"{counts[(0, 2)]} and {counts[(1, 2)]} bytes")
-    for rank in (0, 1):
-        assert abs(counts[(rank, 2)] - plan2) <= 0.05 * plan2, (rank, counts, plan2)
-    assert plan2 < 0.55 * planned_per_rank(1)  # split, not bytes / 2 + whole copies
+        real.run(f"systemctl stop {TP3_UNIT}; systemctl reset-failed {TP3_UNIT} 2>/dev/null; true", timeout=120)
+    plan3 = planned_per_rank(3)
+    print(f"\nweights per rank: TP 1 plan {planned_per_rank(1)}, held {held[(0, 1)]}; TP 3 plan {plan3}, held "
+          f"{', '.join(str(counts[rank]) for rank in sorted(ranks))} bytes")
+    for rank in sorted(ranks):
+        assert abs(counts[rank] - plan3) <= 0.05 * plan3, (rank, counts, plan3)
+    assert plan3 < 0.4 * planned_per_rank(1)  # split, not bytes / 3 + whole copies
 
 
 # --------------------------------------------------------------------------- the stand-in held to it
@@ -330,7 +419,7 @@ def test_conformance_chat_completion_shape(standin):
     assert set(sim_answer) <= set(real_answer), (sim_answer, real_answer)
     assert set(sim_answer["choices"][0]) <= set(real_answer["choices"][0])
     assert set(sim_answer["usage"]) <= set(real_answer["usage"])
-    assert real_answer["model"] == sim_answer["model"] == "tiny-llama"
+    assert real_answer["model"] == sim_answer["model"] == MODEL
 
 
 def test_conformance_start_and_ready_log_lines(standin):
@@ -354,7 +443,7 @@ def failed_start(host, unit: str, argv: list[str], props: str) -> tuple[dict[str
 
 
 def test_conformance_a_start_that_fails_ends_the_same_way(standin):
-    """--context-length above the model's 4096 on both: the same ValueError (configs/model_config.py
+    """--context-length above the model's 8192 on both: the same ValueError (configs/model_config.py
     _derive_context_length; found here: the stand-in did not check it), the same exit status, and
     systemd records the same result."""
     bad = ["--context-length", "100000"]
@@ -365,7 +454,7 @@ def test_conformance_a_start_that_fails_ends_the_same_way(standin):
     print(f"\na start that fails: real {real_end}, stand-in {sim_end}")
     assert real_end == sim_end, (real_end, sim_end, real_log[-2000:], sim_log[-2000:])
     assert real_end["Result"] == "exit-code" and real_end["ExecMainStatus"] != "0"
-    line = "ValueError: Warning: User-specified context_length (100000) is greater than the derived context_length (4096)"
+    line = "ValueError: Warning: User-specified context_length (100000) is greater than the derived context_length (8192)"
     assert line in real_log and line in sim_log, (real_log[-2000:], sim_log[-2000:])
 
 
@@ -383,7 +472,7 @@ def test_conformance_metrics_names(standin):
     real_names, sim_names = metric_names(real_text), metric_names(sim_text)
     assert {"sglang:num_running_reqs", "sglang:num_queue_reqs"} <= real_names, sorted(real_names)[:40]
     assert sim_names and sim_names <= real_names, sorted(sim_names - real_names)
-    assert 'model_name="tiny-llama"' in real_text and 'model_name="tiny-llama"' in sim_text
+    assert f'model_name="{MODEL}"' in real_text and f'model_name="{MODEL}"' in sim_text
 
 
 HEALTH_TRACE = """
@@ -405,7 +494,7 @@ def health_through_a_restart(host, unit: str, port: int) -> tuple[list[str], str
     script = HEALTH_TRACE.replace("PORT", str(port)).replace("FILE", trace)
     host.run(f"rm -f {trace} /tmp/inflight-{port}.code; (sh -c {shlex.quote(script)} > /dev/null 2>&1 &)")
     since = host.run("date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
-    host.run(f"(curl -s -o /dev/null -w '%{{http_code}}' {AUTH} -H 'content-type: application/json' -d '{INFLIGHT}' "
+    host.run(f"(curl -s -o /dev/null -w '%{{http_code}}' {AUTH} -H 'content-type: application/json' -d '{inflight(host)[1]}' "
              f"http://127.0.0.1:{port}/generate > /tmp/inflight-{port}.code 2>&1 &)")
     # polled and restarted on the host, in one command: the stand-in's request lasts 3 s, and an ssh round
     # trip per poll on a loaded machine (CI) once let it end before the SIGTERM (no drain, no 503 to see)
@@ -482,7 +571,7 @@ def test_the_incident_on_the_real_server_and_the_deploy_that_fixes_it(real):
     # the pinned-packages step put compressed-tensors back (its plan line is printed only while
     # pyinfra prepares; the venv itself is the postcondition, read below)
     assert re.search(r"Python environment \| pinned packages +1 +1 ", fixed.out), fixed.out[-5000:]
-    assert "ready: sglang.service serves tiny-llama" in fixed.out
+    assert f"ready: sglang.service serves {MODEL}" in fixed.out
     assert real.run(CT_VERSION.format(venv=venv)).stdout.strip() == "0.18.0"
     assert curl(real, "/v1/chat/completions", CHAT)[0] == 200
 
@@ -540,7 +629,7 @@ def test_restarts_behind_the_real_router_under_load_fail_no_request(request, sta
         (tmp_path / name / "sandbox_real.py").write_text(f"extra_env = {extra_env!r}\nperf_tolerance = 0\n")
         settings.append(("--group-data", str(tmp_path / name)))
     runs = []
-    with Clients(router_url, model="tiny-llama", api_key=API_KEY) as clients:
+    with Clients(router_url, model=MODEL, api_key=API_KEY) as clients:
         wait_until(lambda: clients.sent >= 10, 60, "traffic through the router before the first drain")
         for args in settings:
             started = time.monotonic()
@@ -578,7 +667,7 @@ def test_make_demo_real_keep_answers_a_chat_request_and_keeps_the_host(real):
     assert proc.returncode == 0, out[-6000:]
     assert "demo: milestone: the second converge changed nothing" in out, out[-6000:]
     answer = out[out.index("4. the real server answers a chat request"):]
-    assert "'role': 'assistant'" in answer, answer[-3000:]
+    assert re.search(r"A \(smollm2\): .*\bParis\b", answer), answer[-3000:]  # the model's own answer
     assert "served by sglang 0.5.23 (device cpu, KV pool 8192 tokens)" in answer, answer[-3000:]
     assert "kept running" in answer
     assert real.run("systemctl is-active sglang.service", check=False).stdout.strip() == "active"

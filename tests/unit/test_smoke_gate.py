@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from core.smoke_gate import smoke_command, wrong_answers
+from core.smoke_gate import right_answers, smoke_command, wrong_answers
 from tasks.spec.errors import format_errors
 from tasks.spec.profile import ModelProfile, load_profile
 
@@ -87,6 +87,9 @@ def test_a_wrong_answer_names_the_prompt_the_regex_and_what_came_back():
                           {"prompt": "p", "expect": "x", "got": None, "ok": False}]}
     assert wrong_answers(results) == ["'Reply OK' wanted /^OK/, got '!!!! ĠĠ !!!!'", "'p' wanted /x/, got 'None'"]
     assert wrong_answers({"checks": results["checks"][:1]}) == []
+    # a pass shows what the model said (the operator sees a real answer), the failures not among them
+    assert right_answers(results) == ["'What is 17 + 25?' answered '42'"]
+    assert right_answers({"checks": [{"prompt": "p", "got": "x" * 300, "ok": True}]}) == [f"'p' answered '{'x' * 120}'"]
 
 
 class Server(BaseHTTPRequestHandler):

@@ -359,7 +359,7 @@ INVALID = [
     ("protect_unit_bad", {"protect_units": ["vllm"]}, ENV, ["protect_units = ['vllm']", "not a full systemd unit name"]),
     ("typo_key", {"tp_sise": 8}, ENV, ["tp_sise = 8", "unknown data key", "did you mean 'tp_size'", "allowed: "]),
     ("profile_key_in_data", {"revision": "main"}, ENV, ["revision = 'main'", "model profile key", "models/<model>.yaml"]),
-    ("model_unknown", {"model": "kimi"}, ENV, ["model = 'kimi'", "not a model profile", "allowed: kimi-k2.6, sandbox-real-llama,"]),
+    ("model_unknown", {"model": "kimi"}, ENV, ["model = 'kimi'", "not a model profile", "allowed: kimi-k2.6, sandbox-real-llama-ct, sandbox-real-smollm2,"]),
     ("model_missing", {"model": None}, ENV, ["model is required", "models/<model>.yaml"]),
     ("stale_policy", {"stale_policy": "kill"}, ENV, ["stale_policy = 'kill'", "'stop', 'fail' or 'ignore'"]),
     ("stale_grace_negative", {"stale_grace_s": -1}, ENV, ["stale_grace_s = -1", ">= 0"]),

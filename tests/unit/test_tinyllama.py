@@ -11,7 +11,9 @@ import struct
 import sys
 from pathlib import Path
 
-from sandbox import hubd, tinyllama
+import pytest
+
+from sandbox import hubd, smollm2, tinyllama
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +66,45 @@ def test_the_hub_serves_every_sandbox_profile():
 
     for path in sorted((ROOT / "models").glob("sandbox-*.yaml")):
         assert yaml.safe_load(path.read_text())["repo"] in repos, path.name
-    assert {"sandbox/tiny-llama", "sandbox/tiny-llama-ct", "sandbox/tiny-kimi-nvfp4"} <= repos
+    assert {"sandbox/smollm2-135m-instruct", "sandbox/tiny-llama-ct", "sandbox/tiny-kimi-nvfp4"} <= repos
+    # every revision the sandbox makes of the real model has its profile (and no profile pins another)
+    served = {p["revision"] for p in hubd.other_profiles() if p["repo"] == smollm2.REPO}
+    assert served == set(smollm2.REVISIONS.values())
+
+
+def test_the_hub_refuses_a_smollm2_revision_it_does_not_make():
+    with pytest.raises(RuntimeError, match="not a revision the sandbox makes"):
+        hubd._smollm2_revision("0" * 40)
+
+
+SMOLLM2_TEMPLATE = (  # the shape of SmolLM2-135M-Instruct's ChatML template (its GGUF's tokenizer.chat_template)
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def test_the_fault_template_renders_every_turn_but_the_users():
+    import jinja2
+
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    good = jinja2.Template(SMOLLM2_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+    bad = jinja2.Template(smollm2.without_user_turn(SMOLLM2_TEMPLATE)).render(messages=messages,
+                                                                                add_generation_prompt=True)
+    assert "What is 2+2?" in good and "<|im_start|>user" in good  # positive control
+    assert "What is 2+2?" not in bad and "<|im_start|>user" not in bad
+    assert bad == "<|im_start|>assistant\n"  # the generation prompt only
+    system = [{"role": "system", "content": "Be brief."}, *messages]
+    assert jinja2.Template(smollm2.without_user_turn(SMOLLM2_TEMPLATE)).render(messages=system) == \
+        "<|im_start|>system\nBe brief.<|im_end|>\n"  # the other turns stay
+    with pytest.raises(ValueError):
+        smollm2.without_user_turn("{{ messages }}")
+
+
+def test_gguf_names_map_to_the_hf_llamas():
+    assert smollm2.hf_name("blk.29.ffn_down.weight") == "model.layers.29.mlp.down_proj.weight"
+    assert smollm2.hf_name("blk.0.attn_norm.weight") == "model.layers.0.input_layernorm.weight"
+    assert smollm2.hf_name("output.weight") == "lm_head.weight"
 
 
 def _shim():
