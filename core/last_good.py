@@ -39,15 +39,18 @@ from core.changes import changing
 from core.disk import model_complete
 from core.fingerprint import LaunchPlan, fingerprint_path
 from core.gates import gates_pass
+from core.model_revisions import removal_command, revisions_beyond_keep
 from core.ops import read_host_json, read_host_text, stream
 from core.speed_gate import speed_path
 from core.paths import STATE_DIR
 from core.router_membership import registered
+from core.server_envs import envs_to_remove
 from core.runstate import Failure, run_state
 from core.stamps import package_changes, pending_stamp_path, read_stamp, stamp_path
 from core.render import packages_digest
 from facts.files import FileText
 from facts.model_dir import ModelDirState
+from facts.server_envs import ServerEnvs
 from facts.venv import VenvPackages
 
 if TYPE_CHECKING:
@@ -219,8 +222,28 @@ def ready_or_rolled_back(state, host, command: str, timeout: int, spec: Spec, pl
     failures[-1] = Failure(STEP, f"rolled back: {failure.cause}", failure.detail)
     _say(host, f"readiness: rolled back: {spec.unit_name} serves the last good configuration again; the new one "
                f"failed: {failure.cause}")
+    _trimmed_like_after_a_good_restart(host, spec, last_good)
     _back_in_router(state, host, spec)
     return False
+
+
+def _trimmed_like_after_a_good_restart(host, spec: Spec, last_good: dict[str, Any]) -> None:
+    """The rollback was a good restart: the venvs and model revisions beyond keep_envs / keep_revisions by
+    what now serves (the last good stamp's) go, as after any good restart (tasks/readiness.py), so that the
+    next run of the good configuration has nothing to remove. The one that failed is the newest switched
+    to: it stays (keep_* >= 2) for a retry without a new download or build."""
+    remove = revisions_beyond_keep(host, spec, last_good.get("model_path"), last_good.get("draft_path"))
+    if last_good.get("venv"):
+        remove += envs_to_remove(host.get_fact(ServerEnvs, root=spec.envs_dir), last_good["venv"], spec.keep_envs)
+    if not remove:
+        return
+    host.log(f"readiness: after the rollback, remove what lies beyond keep_revisions = {spec.keep_revisions} / "
+             f"keep_envs = {spec.keep_envs}: {', '.join(remove)}", logger.warning)
+    for path in remove:
+        ok, output = host.run_shell_command(removal_command(path), print_output=False, print_input=False)
+        if not ok:  # the next run finishes a removal cut off; this one is said, not failed on
+            lines = list(output.stderr_lines) + list(output.stdout_lines)
+            _say(host, f"readiness: could not remove {path}: {lines[-1] if lines else 'no output'}")
 
 
 def _back_in_router(state, host, spec: Spec) -> None:

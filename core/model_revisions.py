@@ -8,6 +8,10 @@ are removed (the model's and the draft model's):
 
     old_revisions_removed(spec=spec)                # after readiness passed
 
+A rollback is a good restart too: once the last good configuration serves again, what lies
+beyond ``keep_revisions`` by what it serves goes the same way (core/last_good.py), so the next
+run of the good configuration finds nothing to remove.
+
 What is kept: the serving revision, then the ones switched to most recently, up to
 ``keep_revisions`` in all; never one a unit file of the host names (another server serving it),
 never one no restart has switched to yet (staged). The model dir itself, when it holds a revision
@@ -17,7 +21,7 @@ no kept revision shares with it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -63,6 +67,22 @@ def _served(spec: Spec) -> list[tuple[str, str, str]]:
     return out
 
 
+def removal_command(path: str) -> StringCommand:
+    """Remove a revision dir or a venv, renamed first: one half removed is never one a unit could be
+    switched back to (the facts list ``*.removing`` as half removed: the next run finishes it)."""
+    return StringCommand("sh -c", QuoteString('mv "$1" "$1.removing" && rm -rf "$1.removing"'), "-", QuoteString(path))
+
+
+def revisions_beyond_keep(on_host: Any, spec: Spec, model_path: str | None, draft_path: str | None) -> list[str]:
+    """The revision dirs beyond ``keep_revisions`` on ``on_host`` when ``model_path`` / ``draft_path`` serve."""
+    out = []
+    for root, serving in ((spec.model_dir, model_path), (spec.draft_dir, draft_path)):
+        if root is not None and serving:
+            out += revisions_to_remove(on_host.get_fact(ModelRevisions, root=revisions_root(root)), serving,
+                                       spec.keep_revisions)
+    return out
+
+
 @operation()
 def old_revisions_removed(spec: Spec):
     """
@@ -89,8 +109,6 @@ def old_revisions_removed(spec: Spec):
         plan(message)
         report(message)
         for path in remove:
-            # renamed first: a dir half removed is never one a unit could be switched back to
-            yield changing(StringCommand("sh -c", QuoteString('mv "$1" "$1.removing" && rm -rf "$1.removing"'), "-",
-                                         QuoteString(path)), path, path + ".removing")
+            yield changing(removal_command(path), path, path + ".removing")
     if not removed:
         host.noop(f"keep_revisions = {spec.keep_revisions}: no old model revision to remove")

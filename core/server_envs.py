@@ -23,6 +23,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from core.changes import changing
+from core.model_revisions import removal_command
 from core.ops import gb, plan, report
 from facts.files import FreeBytes
 from facts.server_envs import SWITCHED, EnvsDir, ServerEnvs
@@ -110,6 +111,4 @@ def old_envs_removed(spec: Spec):
     plan(message)
     report(f"venv: {message}")
     for path in remove:
-        # renamed first: a venv half removed is never one a unit could be switched back to
-        yield changing(StringCommand("sh -c", QuoteString('mv "$1" "$1.removing" && rm -rf "$1.removing"'), "-",
-                                     QuoteString(path)), path, path + ".removing")
+        yield changing(removal_command(path), path, path + ".removing")

@@ -43,8 +43,8 @@ def api_key(options_file: str | None) -> str | None:
     return None
 
 
-def ask(url: str, key: str | None, served: str, check: dict, timeout: float) -> tuple[str | None, str]:
-    """(the answer's text or None, error or "") of one check's request."""
+def request_for(served: str, check: dict) -> tuple[str, dict]:
+    """(the path, the JSON body) of one check's request: greedy, bounded by its max_tokens."""
     chat = check.get("api", "chat") == "chat"
     body: dict = {"model": served, "temperature": 0, "max_tokens": int(check.get("max_tokens") or 64)}
     if chat:
@@ -56,7 +56,13 @@ def ask(url: str, key: str | None, served: str, check: dict, timeout: float) -> 
             body["tool_choice"] = "auto"
     else:
         body["prompt"] = check["prompt"]
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+def ask(url: str, key: str | None, served: str, check: dict, timeout: float) -> tuple[str | None, str]:
+    """(the answer's text or None, error or "") of one check's request."""
+    chat = check.get("api", "chat") == "chat"
+    path, body = request_for(served, check)
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     if key:

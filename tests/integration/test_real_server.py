@@ -422,6 +422,44 @@ def test_conformance_chat_completion_shape(standin):
     assert real_answer["model"] == sim_answer["model"] == MODEL
 
 
+def test_conformance_the_smoke_gates_requests_get_the_same_shape(standin):
+    """Each smoke check of the real model's profile, sent as remote/smoke_check.py sends it (chat, chat with
+    chat_template_kwargs, completions; max_tokens, temperature 0), to both: the same object, the same
+    finish_reason, the fields the gate reads (the message's content, the completion's text), and usage
+    counting what came back within max_tokens."""
+    import importlib.util
+
+    from tasks.spec.profile import load_profile
+
+    spec = importlib.util.spec_from_file_location("smoke_check", ROOT / "remote" / "smoke_check.py")
+    smoke_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke_check)
+    for check in load_profile("sandbox-real-smollm2").smoke:
+        path, body = smoke_check.request_for(MODEL, check.model_dump(exclude_none=True))
+        (real_code, real_text), (sim_code, sim_text) = both(standin, path, json.dumps(body))
+        assert real_code == sim_code == 200, (path, real_code, real_text, sim_code, sim_text)
+        real_answer, sim_answer = json.loads(real_text), json.loads(sim_text)
+        assert set(sim_answer) <= set(real_answer) and real_answer["object"] == sim_answer["object"], \
+            (path, real_answer, sim_answer)
+        real_choice, sim_choice = real_answer["choices"][0], sim_answer["choices"][0]
+        assert set(sim_choice) <= set(real_choice), (path, real_choice, sim_choice)
+        assert real_choice["finish_reason"] in ("stop", "length") and sim_choice["finish_reason"] in ("stop", "length")
+        field = ("message", "content") if "messages" in body else ("text",)
+        for choice in (real_choice, sim_choice):
+            value = choice[field[0]] if len(field) == 1 else choice[field[0]][field[1]]
+            assert isinstance(value, str) and value, (path, choice)
+        if "messages" in body:
+            assert set(sim_choice["message"]) <= set(real_choice["message"]), (real_choice, sim_choice)
+            assert real_choice["message"]["role"] == sim_choice["message"]["role"] == "assistant"
+        for answer in (real_answer, sim_answer):
+            usage = answer["usage"]
+            assert {"prompt_tokens", "completion_tokens", "total_tokens"} <= set(usage), (path, usage)
+            assert 0 < usage["completion_tokens"] <= body["max_tokens"], (path, usage)
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"], (path, usage)
+            if answer["choices"][0]["finish_reason"] == "length":
+                assert usage["completion_tokens"] == body["max_tokens"], (path, usage)
+
+
 def test_conformance_start_and_ready_log_lines(standin):
     real_log = journal(standin)
     sim_log = standin.run(f"journalctl -u {PROBE_UNIT} --no-pager -o cat", timeout=60).stdout

@@ -16,9 +16,12 @@ from pyinfra_testing.util import FakeState
 
 from core import last_good
 from core.runstate import run_state
+from core.model_revisions import removal_command
 from core.stamps import pending_stamp_path, stamp_path
 from core.server import mark_restarted
+from facts.model_dir import Revision, Revisions
 from facts.router import RouterWorker
+from facts.server_envs import EnvsDir, ServerEnv
 from tasks import membership, readiness, rollback
 from tests.unit.test_step_operations import (ShellHost, failure, run, sandbox_spec, service_facts,
                                              stamp_for)
@@ -119,7 +122,11 @@ def test_keeping_fails_without_a_stamp_and_leaves_the_old_one(tmp_path):
 # --- the rollback decision ---------------------------------------------------------
 
 
-def rollback_host(spec, kept: dict | None, current: dict, waits=(False, True), restore_ok=True):
+NO_REVISIONS, NO_ENVS = Revisions((), ()), EnvsDir((), frozenset())
+
+
+def rollback_host(spec, kept: dict | None, current: dict, waits=(False, True), restore_ok=True,
+                  revisions=NO_REVISIONS, envs=NO_ENVS):
     """A host whose readiness waits answer `waits` in turn; the stamps read as given."""
     answers = list(waits)
     files = {last_good.last_good_stamp_path(spec): kept, stamp_path(spec): current,
@@ -139,7 +146,8 @@ def rollback_host(spec, kept: dict | None, current: dict, waits=(False, True), r
             return restore_ok, [], ([] if restore_ok else ["cp: cannot stat 'x': No such file or directory"])
         raise AssertionError(f"unexpected command {command!r}")
 
-    return ShellHost(script, {"VenvPackages": {}})  # the kept venv is gone
+    # the kept venv is gone (no packages); the revisions and venvs as given
+    return ShellHost(script, {"VenvPackages": {}, "ModelRevisions": revisions, "ServerEnvs": envs})
 
 
 def roll(spec, host, restarted=True):
@@ -161,6 +169,32 @@ def test_a_failed_restart_is_rolled_back_and_still_fails_the_run():
         WAIT, "sh -c " + shlex.quote(last_good.restore_script(spec)), WAIT]
     assert any("rolling back to the last good configuration (serving as of 2026-12-01T20:00:00Z)" in line
                for line in host.logs)
+
+
+def test_the_rollback_trims_what_lies_beyond_keep_by_what_serves_again_the_failed_revision_kept():
+    """A second failed revision change, rolled back: the good revision serves, the one that just failed is
+    the newest switched to (kept for a retry), the first failed one goes, as the next run of the good
+    configuration would remove it (keep_revisions 2); likewise a venv beyond keep_envs."""
+    spec = sandbox_spec(keep_revisions=2, keep_envs=2)
+    root = spec.revisions_dir
+    good, first, second = f"{root}/530153015301", f"{root}/bad0bad0bad0", f"{root}/bad1bad1bad1"
+    revisions = Revisions((Revision(good, {}, 100), Revision(first, {}, 200), Revision(second, {}, 300)), ())
+    envs = EnvsDir((ServerEnv(KEPT_VENV, 100, None), ServerEnv("/opt/sglang/venv-envs/old", 50, None),
+                    ServerEnv("/opt/sglang/venv-envs/new", 300, None)), frozenset())
+    kept = {**stamp(unit="u0"), "model_path": good}
+    host = rollback_host(spec, kept=kept, current=stamp(), revisions=revisions, envs=envs)
+    ok, failures = roll(spec, host)
+    assert ok is False and [f.cause for f in failures] == [f"rolled back: {CAUSE}"]
+    removed = [c for c in host.commands if c.startswith("sh -c ") and ".removing" in c]
+    assert removed == [removal_command(first).get_raw_value(),
+                       removal_command("/opt/sglang/venv-envs/old").get_raw_value()], host.commands
+    assert any(f"after the rollback, remove what lies beyond keep_revisions = 2 / keep_envs = 2: {first}" in line
+               for line in host.logs), host.logs
+    # the positive control's converse: nothing beyond keep, nothing removed
+    host = rollback_host(spec, kept=kept, current=stamp(),
+                         revisions=Revisions(revisions.revisions[:2], ()), envs=NO_ENVS)
+    roll(spec, host)
+    assert not [c for c in host.commands if ".removing" in c], host.commands
 
 
 def test_a_ready_server_is_never_rolled_back():
