@@ -1770,10 +1770,12 @@ class Handler(BaseHTTPRequestHandler):
             calls = _tool_call(body.get("tools"), last_user, a.tool_call_parser) if chat and a.tool_call_parser \
                 else None
             if chat:
+                message = {"role": "assistant", "content": "" if calls else text, "reasoning_content": None}
+                if calls:  # sglang 0.5.23 drops tool_calls when there are none (protocol.py ChatMessage._serialize)
+                    message["tool_calls"] = calls
                 choice = {
                     "index": 0,
-                    "message": {"role": "assistant", "content": "" if calls else text, "reasoning_content": None,
-                                "tool_calls": calls},
+                    "message": message,
                     "logprobs": None,
                     "finish_reason": "tool_calls" if calls and finish == "stop" else finish,
                     "matched_stop": None,

@@ -49,7 +49,7 @@ def _sandbox_unavailable() -> str | None:
 # workers boot the same host index. Groups go out in this order, the longest first (the durations
 # .ci/run prints), so no worker is left alone with a long group at the end; the rest follow by name.
 LONGEST_GROUPS_FIRST = (  # measured on 2 cores (2026-12-07, cold): 1420 s, 1168 s, 650 s, 613 s, ... 160 s
-    "converged-sgc280", "test_real_server", "fleet-sgc10-14", "test_faults_controller", "test_bench",
+    "converged-sgc280", "real-sgc290", "fleet-sgc10-14", "test_faults_controller", "test_bench",
     "test_multinode", "test_router_key", "test_faults_fleet", "test_steps_idempotent", "test_incident",
     "sgc1-2", "test_two_servers", "test_faults_hub", "test_download_faults",
 )

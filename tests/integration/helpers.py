@@ -120,6 +120,8 @@ def shared_converged_host(request, timings: dict[str, float]):
 
 
 REAL_INDEX = 290  # the real-SGLang host (inventory/sandbox_real.py) the real-server tests share
+# the xdist group of the modules that share it: test_real_model.py, then test_real_server.py (which removes it)
+REAL_GROUP = "real-sgc290"
 _REAL: dict = {}
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import group_of_nodeid
 from tests.integration.fleet_helpers import FLEET_GROUP
-from tests.integration.helpers import SGC1_GROUP, SHARED_CONVERGED_GROUP
+from tests.integration.helpers import REAL_GROUP, SGC1_GROUP, SHARED_CONVERGED_GROUP
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEGRATION = sorted((ROOT / "tests" / "integration").glob("test_*.py"))
@@ -21,6 +21,7 @@ INTEGRATION = sorted((ROOT / "tests" / "integration").glob("test_*.py"))
 # what in a module's source shows it uses a shared host, and the group that host's modules must share
 SHARED_HOSTS = {
     r"\bshared_converged_host\(": SHARED_CONVERGED_GROUP,  # sgc280
+    r"\bshared_real_host\(": REAL_GROUP,  # sgc290
     r"\bfleet\(request\)": FLEET_GROUP,  # sgc10-14
     r"\bsandbox_hosts\b|\[\"make\", \"demo\"\]": SGC1_GROUP,  # sgc1 (and sgc2); `make demo REAL=1` uses sgc290
 }

@@ -547,5 +547,5 @@ def test_the_sandbox_hub_is_restarted_to_serve_the_draft_of_the_eagle3_profile()
     with_draft = {**state, "draft_repo": DRAFT_REPO, "draft_revision": DRAFT_REVISION}
     assert hubd._serves(with_draft, profile, 40)
     # a hub started before the real-server profiles existed does not serve their repos: restarted
-    assert "sandbox/tiny-llama@" + "11a3a11a3a11a3a11a3a11a3a11a3a11a3a11a3a" in hubd._extra_key()
+    assert "sandbox/smollm2-135m-instruct@" + "5301" * 10 in hubd._extra_key()
     assert not hubd._serves({**with_draft, "extra": []}, profile, 40)
