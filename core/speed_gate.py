@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tasks.spec import Spec
 
 SPEED_SCRIPT = REMOTE_SRC_DIR / "decode_speed.py"
-TOKENS, CONCURRENCY, MAX_S = 128, (1, 4), 30
+TOKENS, CONCURRENCY = 128, (1, 4)
 
 
 def speed_path(spec: Spec) -> str:
@@ -34,7 +34,7 @@ def speed_path(spec: Spec) -> str:
 
 def speed_command(spec: Spec, url: str) -> str:
     return script_command(spec, SPEED_SCRIPT, ["--url", url, "--tokens", str(TOKENS), "--concurrency",
-                                               ",".join(map(str, CONCURRENCY)), "--max-s", str(MAX_S),
+                                               ",".join(map(str, CONCURRENCY)), "--max-s", f"{spec.speed_check_max_s:g}",
                                                "--out", speed_path(spec)])
 
 
@@ -59,7 +59,8 @@ def decode_speed_as_expected(state, host, spec: Spec, last_good_dir: str) -> boo
     gated = bool(spec.perf_tolerance or spec.profile.expect.min_decode_tok_s)
     if not gated and spec.draft is None:
         return True
-    if not stream(state, host, speed_command(spec, local_url(spec)), MAX_S * (len(CONCURRENCY) + 1) + 30, step="readiness",
+    bound = int(spec.speed_check_max_s * (len(CONCURRENCY) + 1)) + 30
+    if not stream(state, host, speed_command(spec, local_url(spec)), bound, step="readiness",
                   changes=(speed_path(spec),)):
         return False
     measured = read_host_json(host, speed_path(spec))

@@ -33,6 +33,9 @@ extra_env = {
     # at TP 2 also: SGLANG_CPU_OMP_THREADS_BIND="0|1" and SGLANG_NCCL_SO_PATH=/nonexistent (gloo)
 }
 readiness_timeout_s = 300    # the real server starts in 35-110 s on 2 loaded cores
+# SmolLM2 decodes ~15 tok/s on these 2 cores alone; at CI's start, beside a converge and the unit tests, its
+# 128 tokens once took past 30 s (the measurement failed: 0 tok/s)
+speed_check_max_s = 240
 perf_tolerance = 0.3         # its decode shares 2 cores with the tests (clients, the stand-in beside it):
                              # its tok/s vary far more than a GPU's; a 3x slowdown still fails
 stale_grace_s = 5

@@ -182,6 +182,10 @@ class HostSettings(CommonSettings):
         0.8, ge=0, le=1, description="a number 0..1: decode tok/s after a restart at least this fraction of the "
         "host's last good figure (0: not measured)"
     )
+    speed_check_max_s: Number = Field(
+        30.0, ge=5, le=600, description="seconds 5..600: the speed gate's bound for each concurrency's requests "
+        "(128 tokens each)"
+    )
     rollback_on_failure: StrictBool = Field(
         True, description="True or False: put the last good configuration back when a restart fails readiness"
     )

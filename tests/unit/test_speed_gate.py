@@ -213,3 +213,12 @@ def test_the_profiles_min_accept_length_is_the_gates_minimum(monkeypatch):
         update={"expect": strict.profile.expect.model_copy(update={"min_accept_length": 3.0})})})
     ok, host, _ = judged(monkeypatch, strict, measured)
     assert not ok and host.lines[0].endswith("accept length 2.60 over 40 verify steps, below min_accept_length 3")
+
+
+def test_the_measurement_is_bounded_by_speed_check_max_s():
+    """30 s per concurrency by default (a GPU decodes 128 tokens in seconds); a slow host raises it."""
+    from core.speed_gate import speed_command
+    from tests.unit.test_step_operations import sandbox_spec
+
+    assert "--max-s 30 " in speed_command(sandbox_spec(), "http://127.0.0.1:30000")
+    assert "--max-s 240 " in speed_command(sandbox_spec(speed_check_max_s=240), "http://127.0.0.1:30000")
