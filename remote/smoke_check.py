@@ -61,8 +61,8 @@ def request_for(served: str, check: dict) -> tuple[str, dict]:
 
 def ask(url: str, key: str | None, served: str, check: dict, timeout: float) -> tuple[str | None, str]:
     """(the answer's text or None, error or "") of one check's request."""
-    chat = check.get("api", "chat") == "chat"
     path, body = request_for(served, check)
+    chat = "messages" in body
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     if key:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -172,8 +173,8 @@ def tokenizer_files(gguf_path: Path, reader, scratch: Path) -> dict[str, bytes]:
             "tokenizer_config.json": (json.dumps(config, indent=2) + "\n").encode()}
 
 
-def convert(out_dir: Path, wheel_dir: Path | None = None) -> dict:
-    """Write the repo into ``out_dir``; return {file name: size}."""
+def convert(out_dir: Path, wheel_dir: Path | None = None) -> None:
+    """Write the repo into ``out_dir``."""
     import gguf
     from safetensors.torch import save_file
 
@@ -201,7 +202,6 @@ def convert(out_dir: Path, wheel_dir: Path | None = None) -> dict:
             tensors.pop("lm_head.weight", None)
         save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
         (out_dir / "model.safetensors").chmod(0o644)  # safetensors writes 0600; a repo's files are public
-    return {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
 
 
 def greedy_answers(repo_dir: Path, max_new_tokens: int = 16) -> list[dict]:
@@ -225,15 +225,18 @@ def greedy_answers(repo_dir: Path, max_new_tokens: int = 16) -> list[dict]:
     return out
 
 
+def wrong(answers: list[dict]) -> list[dict]:
+    """The answers that do not match their pattern."""
+    return [answer for answer in answers if not re.search(answer["expect"], answer["got"])]
+
+
 def verify(repo_dir: Path) -> list[dict]:
     """The greedy answers, each matching its pattern; SystemExit naming the first that does not."""
-    import re
-
     answers = greedy_answers(repo_dir)
-    for answer in answers:
-        if not re.search(answer["expect"], answer["got"]):
-            raise SystemExit(f"smollm2: the conversion in {repo_dir} answers {answer['prompt']!r} with "
-                             f"{answer['got']!r}, not /{answer['expect']}/: the weights or the tokenizer are wrong")
+    bad = wrong(answers)
+    if bad:
+        raise SystemExit(f"smollm2: the conversion in {repo_dir} answers {bad[0]['prompt']!r} with "
+                         f"{bad[0]['got']!r}, not /{bad[0]['expect']}/: the weights or the tokenizer are wrong")
     return answers
 
 
@@ -299,9 +302,7 @@ def build(variant: str, out_dir: Path, good_dir: Path | None = None, wheel_dir: 
         assert good_dir is not None, "a fault revision starts from the good one"
         (corrupt if variant == "corrupt" else no_user_turn)(good_dir, out_dir)
         answers = greedy_answers(out_dir)
-        import re
-
-        if all(re.search(a["expect"], a["got"]) for a in answers):
+        if not wrong(answers):
             raise SystemExit(f"smollm2: the {variant} revision in {out_dir} still answers every prompt right")
     return {"files": {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}, "answers": answers}
 
