@@ -108,6 +108,7 @@ CHANGES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "kv_plan_tolerance": ({}, {"kv_plan_tolerance": 0.0}),
     "perf_tolerance": ({}, {"perf_tolerance": 0.0}),
     "speed_check_max_s": ({}, {"speed_check_max_s": 120.0}),
+    "speed_check_tokens": ({}, {"speed_check_tokens": 32}),
     "rollback_on_failure": ({}, {"rollback_on_failure": False}),
     "stale_policy": ({}, {"stale_policy": "fail"}),
     "host_fitness": ({}, {"host_fitness": "warn"}),

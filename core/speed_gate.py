@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tasks.spec import Spec
 
 SPEED_SCRIPT = REMOTE_SRC_DIR / "decode_speed.py"
-TOKENS, CONCURRENCY = 128, (1, 4)
+CONCURRENCY = (1, 4)
 
 
 def speed_path(spec: Spec) -> str:
@@ -33,7 +33,7 @@ def speed_path(spec: Spec) -> str:
 
 
 def speed_command(spec: Spec, url: str) -> str:
-    return script_command(spec, SPEED_SCRIPT, ["--url", url, "--tokens", str(TOKENS), "--concurrency",
+    return script_command(spec, SPEED_SCRIPT, ["--url", url, "--tokens", str(spec.speed_check_tokens), "--concurrency",
                                                ",".join(map(str, CONCURRENCY)), "--max-s", f"{spec.speed_check_max_s:g}",
                                                "--out", speed_path(spec)])
 

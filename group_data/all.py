@@ -54,9 +54,10 @@ start_stall_s = 900         # a start with no progress this long fails (no new S
                             # longest silent step, a first start's kernel JIT, takes minutes); None: no check
 kv_plan_tolerance = 0.5     # once it serves, SGLang's KV pool (max_total_num_tokens) must hold at least this
                             # fraction of the memory fit's tokens, or readiness fails (0: not checked)
-perf_tolerance = 0.8        # after a restart, a short decode measurement (concurrency 1 and 4, 128 tokens,
+perf_tolerance = 0.8        # after a restart, a short decode measurement (concurrency 1 and 4, speed_check_tokens,
                             # <= speed_check_max_s each) must reach this fraction of the host's last good tok/s (0: off)
 speed_check_max_s = 30      # the measurement's bound per concurrency (a GPU decodes 128 tokens in seconds)
+speed_check_tokens = 128    # tokens each measured request decodes (a last good figure counts only at the same count)
 rollback_on_failure = True  # a restart that fails readiness puts the last good config back (files, its venv and
                             # its model revision while kept), restarts it, and still fails the run ("rolled back:")
 

@@ -184,7 +184,11 @@ class HostSettings(CommonSettings):
     )
     speed_check_max_s: Number = Field(
         30.0, ge=5, le=600, description="seconds 5..600: the speed gate's bound for each concurrency's requests "
-        "(128 tokens each)"
+        "(speed_check_tokens each)"
+    )
+    speed_check_tokens: int = Field(
+        128, ge=8, le=4096, description="an integer 8..4096: tokens each of the speed gate's requests decodes "
+        "(a change is compared with no earlier figure: the last good one counted other tokens)"
     )
     rollback_on_failure: StrictBool = Field(
         True, description="True or False: put the last good configuration back when a restart fails readiness"

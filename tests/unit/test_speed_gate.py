@@ -222,3 +222,16 @@ def test_the_measurement_is_bounded_by_speed_check_max_s():
 
     assert "--max-s 30 " in speed_command(sandbox_spec(), "http://127.0.0.1:30000")
     assert "--max-s 240 " in speed_command(sandbox_spec(speed_check_max_s=240), "http://127.0.0.1:30000")
+
+
+def test_each_request_decodes_speed_check_tokens():
+    """128 tokens by default; a slow host (the real server on the sandbox's CPU) measures fewer. A figure
+    counted at another token count is no last good one to compare with."""
+    from core.speed_gate import speed_command
+    from tests.unit.test_step_operations import sandbox_spec
+
+    assert "--tokens 128 " in speed_command(sandbox_spec(), "http://127.0.0.1:30000")
+    assert "--tokens 32 " in speed_command(sandbox_spec(speed_check_tokens=32), "http://127.0.0.1:30000")
+    fast = {"tokens": 128, "c1": {"tok_s": 100.0}}
+    assert compare({"tokens": 32, "c1": {"tok_s": 10.0}}, fast, 0.8, None) == []
+    assert compare({"tokens": 128, "c1": {"tok_s": 10.0}}, fast, 0.8, None) != []
