@@ -81,7 +81,7 @@ SRC_DIR = Path(__file__).resolve().parent
 # files of sandbox/ copied into every guest's GUEST_LIB at `up` (those that exist):
 # stdlib-only scripts that run on the sandbox host
 NSPAWN_PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")  # systemd-nspawn's, one dir per machine name
-GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py", "sglang_sigterm.py")
+GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py", "sglang_sigterm.py", "standin_cache.py")
 
 DEFAULT_LAYOUT = {
     "gpus": 8,
@@ -603,6 +603,8 @@ def install_guest_files(root: Path, name: str, layout: dict) -> None:
     _write(root, f"{GUEST_LIB}/tensor_plan.py", (SRC_DIR.parent / "core" / "tensor_plan.py").read_bytes(), 0o644)
     _write(root, "/usr/local/bin/nvidia-smi", (SRC_DIR / "nvidia_smi.py").read_bytes(), 0o755)
     _write(root, "/etc/sandbox-gpu/layout.json", json.dumps(layout, indent=2) + "\n")
+    # where the stand-in keeps what its parser and quantization-check children computed (standin_cache.py)
+    (root / "var/cache/sandbox-standin").mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(
         root,
         "/etc/sandbox-gpu/SIMULATED",

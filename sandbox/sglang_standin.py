@@ -132,6 +132,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import standin_cache
 from sglang_sigterm import Lifecycle
 
 SIMULATION_BANNER = "SIMULATED SGLang server (sandbox stand-in): no GPU, no real model weights"
@@ -421,11 +422,21 @@ def parse_in_child(argv: list[str]) -> Args:
     exits afterwards. What they import (torch, ~350 MB) then does not stay in the server process
     for its whole life; nothing the deploy can see changes. The child writes to the same stderr:
     argparse's usage and error (exit 2) or a traceback (exit 1) are the server's own, and the
-    server exits with the child's code, as SGLang's main process would have."""
+    server exits with the child's code, as SGLang's main process would have. In a sandbox guest
+    the outcome of the same inputs is replayed from the last such start (standin_cache)."""
+    key = hidden = None
+    if standin_cache.enabled():
+        key = standin_cache.parser_key(argv, sglang_src_dir(), Path(os.environ.get(
+            "SANDBOX_GPU_LAYOUT", "/etc/sandbox-gpu/layout.json")))
+        hidden = standin_cache.secrets(argv)
+        record = standin_cache.load(key, hidden)
+        if record is not None:
+            return _parse_outcome(record, reused=True)
+    capture = [f"/tmp/.sglang-standin-parse-{os.getpid()}.{n}" for n in ("out", "err")] if key else None
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     target = importlib.import_module("sglang_standin")._parse_child  # by its own name, as Ranks does
-    child = ctx.Process(target=target, args=(argv, sender), name="parse_server_args")
+    child = ctx.Process(target=target, args=(argv, sender, capture), name="parse_server_args")
     child.start()
     sender.close()
     try:
@@ -433,14 +444,39 @@ def parse_in_child(argv: list[str]) -> Args:
     except EOFError:
         reply = None
     child.join()
+    record = {"exitcode": child.exitcode if reply is None else 0, "reply": reply, "stdout": "", "stderr": ""}
+    for name, path in zip(("stdout", "stderr"), capture or [], strict=False):
+        try:
+            record[name] = Path(path).read_text(errors="replace")
+            os.unlink(path)
+        except OSError:
+            pass
+    if record["exitcode"] in (0, 2):  # a parse, or argparse's refusal: what the same inputs give again
+        standin_cache.store(key, record, hidden or [])
+    return _parse_outcome(record, reused=False)
+
+
+def _parse_outcome(record: dict, reused: bool) -> Args:
+    """The child's output (when it was captured), then its exit or its parse."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if record[name]:
+            os.write(fd, record[name].encode())
+    reply = record["reply"]
     if reply is None:
-        _hard_exit(child.exitcode if child.exitcode and child.exitcode > 0 else 1)
+        code = record["exitcode"]
+        _hard_exit(code if code and code > 0 else 1)
     _apply_logging(reply["logging"])
+    if reused:
+        log("(stand-in) SGLang's parser not run again: this start's arguments, environment, venv and model "
+            "config are those of an earlier start in this sandbox guest; its outcome replayed")
     source = types.SimpleNamespace(**reply["attrs"])
     return Args(source, "sglang", resolved={"logged": reply["logged"], "json_fields": reply["json_fields"]})
 
 
-def _parse_child(argv: list[str], conn) -> None:
+def _parse_child(argv: list[str], conn, capture: list[str] | None = None) -> None:
+    if capture:  # the parent replays it (and keeps it for the next start with the same inputs)
+        for fd, path in zip((1, 2), capture, strict=True):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
     configure_logging()
     try:
         # an importable but broken sglang fails here, as the real server would
@@ -979,6 +1015,19 @@ def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
     """check_quantization in a spawned child that exits afterwards: it imports compressed-tensors
     and torch (~350 MB), which the rank would otherwise hold for its whole life. The child logs
     as the rank does; a check that raises fails the rank with the child's traceback."""
+    key = None
+    if standin_cache.enabled():  # in a sandbox guest: the outcome of the same inputs replayed
+        key = standin_cache.quant_key(model_config.get("quantization_config") or {}, sglang_src_dir(),
+                                      (CT_UTILS_FILE, CT_CONFIG_FILE))
+        record = standin_cache.load(key, [])
+        if record is not None:
+            if record["source"]:
+                log(f"(stand-in) compressed-tensors config checked by {record['source']} code (sglang sources: "
+                    f"{sglang_src_dir()}): its outcome replayed from an earlier start with the same "
+                    "compressed-tensors, sglang sources and config", logger=_scheduler_logger)
+            if record["status"] != "ok":
+                raise CheckChildFailed(record["value"])
+            return record["value"]
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     target = importlib.import_module("sglang_standin")._quant_check_child
@@ -986,8 +1035,10 @@ def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
                         name=f"quant_check_{cfg['tp_rank']}")
     child.start()
     sender.close()
+    source = ""
     try:
-        status, value = receiver.recv()
+        status, value, source = receiver.recv()
+        standin_cache.store(key, {"status": status, "value": value, "source": source}, [])
     except EOFError:
         status, value = "error", f"the quantization check's process died (exit code {child.exitcode})\n"
     child.join()
@@ -999,13 +1050,17 @@ def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
 def _quant_check_child(model_config: dict, log_level: str, prefix: str, conn) -> None:
     _die_with_parent()
     configure_logging(log_level, prefix=prefix)
+    announced: list[str] = []
+
+    def announce(source: str) -> None:
+        announced.append(source)
+        log(f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
+            f"{sglang_src_dir()})", logger=_scheduler_logger)
     try:
-        quant, _ = check_quantization(model_config, lambda source: log(
-            f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
-            f"{sglang_src_dir()})", logger=_scheduler_logger))
-        conn.send(("ok", quant))
+        quant, _ = check_quantization(model_config, announce)
+        conn.send(("ok", quant, "".join(announced)))
     except Exception:  # noqa: BLE001 - the rank reports it, as SGLang's scheduler would
-        conn.send(("error", get_exception_traceback()))
+        conn.send(("error", get_exception_traceback(), "".join(announced)))
 
 
 def load_draft(draft_path: str, algorithm: str | None) -> tuple[str, int]:

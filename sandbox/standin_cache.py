@@ -1,0 +1,145 @@
+"""What the SGLang stand-in's two costly children computed, kept per guest and replayed.
+
+Every stand-in start spawns two children that import torch (and, through compressed-tensors,
+transformers): SGLang's real argument parser (sglang_standin.parse_in_child) and SGLang's own
+compressed-tensors check (check_quantization_in_child). In a sandbox guest they took ~5 s of CPU
+each, most of a TP 8 restart's 10-14 s (measured with ps in a guest, 2026-12-07), and the test
+bed restarts servers hundreds of times on 2 shared cores.
+
+Each child's result is a function of what it reads, and that is the key here:
+- the parser: its argv, its environment (less what systemd sets per start), the Python and the
+  sglang it runs, the --config file's bytes, the model dir's top-level JSON files and the
+  simulated GPUs' layout;
+- the check: the quantization_config, the Python, the compressed-tensors it imports and the
+  sglang source files it runs.
+Same key, same result: its output, its exit status and its reply are replayed, and the stand-in
+logs that it reused them. A change of any of those inputs (a fault test's bad flag, a hand-put
+compressed-tensors 0.8.1, a corrupted config.json) runs the child again.
+
+On only where the sandbox made CACHE_DIR (sandbox/hosts.py, in every guest): the unit tests'
+stand-ins always run their children. Secrets (the --config file's api-key values, the
+environment's *KEY*/*TOKEN* values) are stored as placeholders and put back when read; the
+directory is root's alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+CACHE_DIR = Path(os.environ.get("SANDBOX_STANDIN_CACHE", "/var/cache/sandbox-standin"))
+# what systemd (or the shell) sets anew for each start of the same unit: not an input of the parser
+PER_START_ENV = ("INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID", "NOTIFY_SOCKET", "MANAGERPID",
+                 "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "WATCHDOG_PID", "WATCHDOG_USEC", "MONITOR_")
+_KEY_LINE = re.compile(r"^\s*(?:admin-)?api-key:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", re.M)
+
+
+def enabled() -> bool:
+    return CACHE_DIR.is_dir()
+
+
+def _stat(path: Path | str | None) -> list:
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return [str(path), None]
+    return [str(path), st.st_size, st.st_mtime_ns] if st else [None]
+
+
+def _bytes_digest(path: str | None) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    except OSError:
+        return None
+
+
+def _arg(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _module_files(name: str) -> list:
+    """Where ``name`` imports from, and its dist-info (a reinstall or another release changes them)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return [name, None]
+    if spec is None or not spec.origin:
+        return [name, None]
+    site = Path(spec.origin).parent.parent
+    dists = sorted(p.name for p in site.glob(f"{name.replace('_', '[-_]')}-*.dist-info"))
+    return [_stat(spec.origin), dists, [_stat(site / d / "RECORD") for d in dists]]
+
+
+def _digest(parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def parser_key(argv: list[str], sglang_dir: Path | None, gpu_layout: Path) -> str | None:
+    """The parser's inputs as a digest; None where the model dir is not on the command line."""
+    model = _arg(argv, "--model-path")
+    config = _arg(argv, "--config")
+    if model is None:
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PER_START_ENV)}
+    model_json = sorted(_stat(p) for p in Path(model).glob("*.json")) if Path(model).is_dir() else [model]
+    return _digest({"kind": "parser", "argv": argv, "env": env, "python": sys.executable,
+                    "sglang": _stat(sglang_dir / "__init__.py" if sglang_dir else None),
+                    "sglang_dist": _module_files("sglang"), "config": _bytes_digest(config),
+                    "model_json": model_json, "gpus": _bytes_digest(str(gpu_layout))})
+
+
+def quant_key(quantization_config: dict, sglang_dir: Path | None, files: tuple[str, ...]) -> str:
+    return _digest({"kind": "quant", "config": quantization_config, "python": sys.executable,
+                    "compressed_tensors": _module_files("compressed_tensors"),
+                    "sglang": [_stat(sglang_dir / f) if sglang_dir else None for f in files]})
+
+
+def secrets(argv: list[str]) -> list[str]:
+    """Values that must not be written down: the --config file's keys, the environment's keys and tokens."""
+    found = []
+    config = _arg(argv, "--config")
+    try:
+        found += _KEY_LINE.findall(Path(config).read_text()) if config else []
+    except OSError:
+        pass
+    found += [v for k, v in os.environ.items() if ("KEY" in k.upper() or "TOKEN" in k.upper()) and len(v) >= 8]
+    found += [v for flag in ("--api-key", "--admin-api-key") if (v := _arg(argv, flag))]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def _swap(value: object, pairs: list[tuple[str, str]]) -> object:
+    text = json.dumps(value)
+    for old, new in pairs:
+        text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
+    return json.loads(text)
+
+
+def load(key: str | None, hidden: list[str]) -> dict | None:
+    if key is None or not enabled():
+        return None
+    try:
+        record = json.loads((CACHE_DIR / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return _swap(record, [(f"@@sandbox-secret-{i}@@", s) for i, s in enumerate(hidden)])  # type: ignore[return-value]
+
+
+def store(key: str | None, record: dict, hidden: list[str]) -> None:
+    if key is None or not enabled():
+        return
+    os.chmod(CACHE_DIR, 0o700)
+    tmp = CACHE_DIR / f".{key}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(_swap(record, [(s, f"@@sandbox-secret-{i}@@") for i, s in enumerate(hidden)]), f)
+    os.replace(tmp, CACHE_DIR / f"{key}.json")
