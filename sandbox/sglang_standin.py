@@ -451,8 +451,8 @@ def parse_in_child(argv: list[str]) -> Args:
             os.unlink(path)
         except OSError:
             pass
-    if record["exitcode"] in (0, 2):  # a parse, or argparse's refusal: what the same inputs give again
-        standin_cache.store(key, record, hidden or [])
+    if reply is not None:  # a parse (a refusal or a crash is always run again: the child says why)
+        standin_cache.store(key, {**record, "imported": reply.pop("imported", {})}, hidden or [])
     return _parse_outcome(record, reused=False)
 
 
@@ -486,7 +486,8 @@ def _parse_child(argv: list[str], conn, capture: list[str] | None = None) -> Non
         args = Args(server_args, "sglang")
         configure_logging(args.log_level, server_args=server_args)
         conn.send({"attrs": args.light_attrs(), "logged": str(args.for_logging()),
-                   "json_fields": args.json_fields(), "logging": _logging_state()})
+                   "json_fields": args.json_fields(), "logging": _logging_state(),
+                   "imported": standin_cache.imported_files() if capture else {}})
     except SystemExit:
         raise  # argparse said why on stderr
     except Exception:  # noqa: BLE001 - anything SGLang's main would die of
@@ -1015,19 +1016,6 @@ def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
     """check_quantization in a spawned child that exits afterwards: it imports compressed-tensors
     and torch (~350 MB), which the rank would otherwise hold for its whole life. The child logs
     as the rank does; a check that raises fails the rank with the child's traceback."""
-    key = None
-    if standin_cache.enabled():  # in a sandbox guest: the outcome of the same inputs replayed
-        key = standin_cache.quant_key(model_config.get("quantization_config") or {}, sglang_src_dir(),
-                                      (CT_UTILS_FILE, CT_CONFIG_FILE))
-        record = standin_cache.load(key, [])
-        if record is not None:
-            if record["source"]:
-                log(f"(stand-in) compressed-tensors config checked by {record['source']} code (sglang sources: "
-                    f"{sglang_src_dir()}): its outcome replayed from an earlier start with the same "
-                    "compressed-tensors, sglang sources and config", logger=_scheduler_logger)
-            if record["status"] != "ok":
-                raise CheckChildFailed(record["value"])
-            return record["value"]
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     target = importlib.import_module("sglang_standin")._quant_check_child
@@ -1035,10 +1023,8 @@ def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
                         name=f"quant_check_{cfg['tp_rank']}")
     child.start()
     sender.close()
-    source = ""
     try:
-        status, value, source = receiver.recv()
-        standin_cache.store(key, {"status": status, "value": value, "source": source}, [])
+        status, value = receiver.recv()
     except EOFError:
         status, value = "error", f"the quantization check's process died (exit code {child.exitcode})\n"
     child.join()
@@ -1050,17 +1036,13 @@ def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
 def _quant_check_child(model_config: dict, log_level: str, prefix: str, conn) -> None:
     _die_with_parent()
     configure_logging(log_level, prefix=prefix)
-    announced: list[str] = []
-
-    def announce(source: str) -> None:
-        announced.append(source)
-        log(f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
-            f"{sglang_src_dir()})", logger=_scheduler_logger)
     try:
-        quant, _ = check_quantization(model_config, announce)
-        conn.send(("ok", quant, "".join(announced)))
+        quant, _ = check_quantization(model_config, lambda source: log(
+            f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
+            f"{sglang_src_dir()})", logger=_scheduler_logger))
+        conn.send(("ok", quant))
     except Exception:  # noqa: BLE001 - the rank reports it, as SGLang's scheduler would
-        conn.send(("error", get_exception_traceback(), "".join(announced)))
+        conn.send(("error", get_exception_traceback()))
 
 
 def load_draft(draft_path: str, algorithm: str | None) -> tuple[str, int]:

@@ -1,23 +1,25 @@
-"""What the SGLang stand-in's two costly children computed, kept per guest and replayed.
+"""What the SGLang stand-in's parser child computed, kept per guest and replayed.
 
-Every stand-in start spawns two children that import torch (and, through compressed-tensors,
+Every stand-in start spawns children that import torch (and, through compressed-tensors,
 transformers): SGLang's real argument parser (sglang_standin.parse_in_child) and SGLang's own
 compressed-tensors check (check_quantization_in_child). In a sandbox guest they took ~5 s of CPU
 each, most of a TP 8 restart's 10-14 s (measured with ps in a guest, 2026-12-07), and the test
-bed restarts servers hundreds of times on 2 shared cores.
+bed restarts servers hundreds of times on 2 shared cores. The parser's outcome is kept here; the
+check still runs at every start (replayed, a group restart of test_multinode left one rank's GPU
+without memory at the balance check, a cause not found yet).
 
-Each child's result is a function of what it reads, and that is the key here:
-- the parser: its argv, its environment (less what systemd sets per start), the Python and the
-  sglang it runs, the --config file's bytes, the model dir's top-level JSON files and the
-  simulated GPUs' layout;
-- the check: the quantization_config, the Python, the compressed-tensors it imports and the
-  sglang source files it runs.
-Same key, same result: its output, its exit status and its reply are replayed, and the stand-in
-logs that it reused them. A change of any of those inputs (a fault test's bad flag, a hand-put
-compressed-tensors 0.8.1, a corrupted config.json) runs the child again.
+The parser's result is a function of what it reads, and that is the key: its argv, its environment
+(less what systemd sets per start), the Python and the sglang it runs, the --config file's bytes,
+the model dir's top-level JSON files and the simulated GPUs' layout.
+Same key, same result, as long as every file the parser imported (and every site-packages directory
+on its sys.path) is as it was: the record lists them with their sizes and mtimes, and a record whose
+files changed is not used. Then its output and reply are replayed and the stand-in logs that it
+reused them. A change of any input (a fault test's bad flag, a corrupted config.json, a package's
+files moved away behind pip's back) runs the parser again. Only a parse is kept: a refusal or a
+crash always runs the parser, which says why.
 
 On only where the sandbox made CACHE_DIR (sandbox/hosts.py, in every guest): the unit tests'
-stand-ins always run their children. Secrets (the --config file's api-key values, the
+stand-ins always run their parser. Secrets (the --config file's api-key values, the
 environment's *KEY*/*TOKEN* values) are stored as placeholders and put back when read; the
 directory is root's alone.
 """
@@ -98,12 +100,6 @@ def parser_key(argv: list[str], sglang_dir: Path | None, gpu_layout: Path) -> st
                     "model_json": model_json, "gpus": _bytes_digest(str(gpu_layout))})
 
 
-def quant_key(quantization_config: dict, sglang_dir: Path | None, files: tuple[str, ...]) -> str:
-    return _digest({"kind": "quant", "config": quantization_config, "python": sys.executable,
-                    "compressed_tensors": _module_files("compressed_tensors"),
-                    "sglang": [_stat(sglang_dir / f) if sglang_dir else None for f in files]})
-
-
 def secrets(argv: list[str]) -> list[str]:
     """Values that must not be written down: the --config file's keys, the environment's keys and tokens."""
     found = []
@@ -124,12 +120,28 @@ def _swap(value: object, pairs: list[tuple[str, str]]) -> object:
     return json.loads(text)
 
 
+def imported_files() -> dict[str, list]:
+    """What this process imported from (every module's file; every site-packages directory on sys.path,
+    whose mtime changes when pip or anyone adds, removes or renames a package in it), with sizes and
+    mtimes. Not the working directory: the files a server writes there change its mtime."""
+    files = {f: _stat(f)[1:] for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
+    files.update({d: _stat(d)[1:] for d in sys.path if d.endswith(("site-packages", "dist-packages")) and os.path.isdir(d)})
+    return files
+
+
+def unchanged(files: dict[str, list]) -> bool:
+    return all(_stat(path)[1:] == list(seen) for path, seen in files.items())
+
+
 def load(key: str | None, hidden: list[str]) -> dict | None:
+    """The record kept for ``key`` if every file its child imported is unchanged, else None."""
     if key is None or not enabled():
         return None
     try:
         record = json.loads((CACHE_DIR / f"{key}.json").read_text())
     except (OSError, ValueError):
+        return None
+    if not isinstance(record.get("imported"), dict) or not unchanged(record["imported"]):
         return None
     return _swap(record, [(f"@@sandbox-secret-{i}@@", s) for i, s in enumerate(hidden)])  # type: ignore[return-value]
 
