@@ -426,8 +426,9 @@ def parse_in_child(argv: list[str]) -> Args:
     the outcome of the same inputs is replayed from the last such start (standin_cache)."""
     key = hidden = None
     if standin_cache.enabled():
-        key = standin_cache.parser_key(argv, sglang_src_dir(), Path(os.environ.get(
-            "SANDBOX_GPU_LAYOUT", "/etc/sandbox-gpu/layout.json")))
+        import gpusim
+
+        key = standin_cache.parser_key(argv, gpusim.LAYOUT_PATH)
         hidden = standin_cache.secrets(argv)
         record = standin_cache.load(key, hidden)
         if record is not None:

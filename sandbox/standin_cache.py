@@ -9,7 +9,7 @@ check still runs at every start (replayed, a group restart of test_multinode lef
 without memory at the balance check, a cause not found yet).
 
 The parser's result is a function of what it reads, and that is the key: its argv, its environment
-(less what systemd sets per start), the Python and the sglang it runs, the --config file's bytes,
+(less what systemd sets per start), the Python it runs, the --config file's bytes,
 the model dir's top-level JSON files and the simulated GPUs' layout.
 Same key, same result, as long as every file the parser imported (and every site-packages directory
 on its sys.path) is as it was: the record lists them with their sizes and mtimes, and a record whose
@@ -27,7 +27,6 @@ directory is root's alone.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -45,12 +44,12 @@ def enabled() -> bool:
     return CACHE_DIR.is_dir()
 
 
-def _stat(path: Path | str | None) -> list:
+def _stat(path: Path | str) -> list:
     try:
-        st = os.stat(path) if path else None
+        st = os.stat(path)
     except OSError:
         return [str(path), None]
-    return [str(path), st.st_size, st.st_mtime_ns] if st else [None]
+    return [str(path), st.st_size, st.st_mtime_ns]
 
 
 def _bytes_digest(path: str | None) -> str | None:
@@ -69,34 +68,20 @@ def _arg(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def _module_files(name: str) -> list:
-    """Where ``name`` imports from, and its dist-info (a reinstall or another release changes them)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return [name, None]
-    if spec is None or not spec.origin:
-        return [name, None]
-    site = Path(spec.origin).parent.parent
-    dists = sorted(p.name for p in site.glob(f"{name.replace('_', '[-_]')}-*.dist-info"))
-    return [_stat(spec.origin), dists, [_stat(site / d / "RECORD") for d in dists]]
-
-
 def _digest(parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def parser_key(argv: list[str], sglang_dir: Path | None, gpu_layout: Path) -> str | None:
-    """The parser's inputs as a digest; None where the model dir is not on the command line."""
+def parser_key(argv: list[str], gpu_layout: Path) -> str | None:
+    """The parser's inputs as a digest; None where the model dir is not on the command line. The sglang
+    and packages it runs are not in it: load() holds a record to every file the parser imported."""
     model = _arg(argv, "--model-path")
     config = _arg(argv, "--config")
     if model is None:
         return None
     env = {k: v for k, v in os.environ.items() if not k.startswith(PER_START_ENV)}
     model_json = sorted(_stat(p) for p in Path(model).glob("*.json")) if Path(model).is_dir() else [model]
-    return _digest({"kind": "parser", "argv": argv, "env": env, "python": sys.executable,
-                    "sglang": _stat(sglang_dir / "__init__.py" if sglang_dir else None),
-                    "sglang_dist": _module_files("sglang"), "config": _bytes_digest(config),
+    return _digest({"argv": argv, "env": env, "python": sys.executable, "config": _bytes_digest(config),
                     "model_json": model_json, "gpus": _bytes_digest(str(gpu_layout))})
 
 
