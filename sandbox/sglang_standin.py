@@ -62,7 +62,8 @@ code from the venv wherever that code runs without a GPU:
    The ranks have no SIGTERM handler: SIGTERM to all (KillMode=control-group;
    the deploy's unit has KillMode=mixed) kills them, then the watchdog below ends the main process;
 5. multi-node (--nnodes N): ranks really rendezvous over TCP at
-   --dist-init-addr; rank 0 is ready only when all ranks joined; ranks
+   --dist-init-addr; rank 0 is ready only when all ranks joined and every
+   node's ranks loaded (its KV pool the smallest of theirs); ranks
    >= 1 serve only SGLang's dummy health server (/health, /health_generate,
    /ping) like SGLang 0.5.23 does;
 6. the first log line says this is a simulation.
@@ -1016,34 +1017,55 @@ class CheckChildFailed(Exception):
 def check_quantization_in_child(model_config: dict, cfg: dict) -> str:
     """check_quantization in a spawned child that exits afterwards: it imports compressed-tensors
     and torch (~350 MB), which the rank would otherwise hold for its whole life. The child logs
-    as the rank does; a check that raises fails the rank with the child's traceback."""
+    as the rank does; a check that raises fails the rank with the child's traceback. In a sandbox
+    guest a passed check of the same config is replayed while every file it imported is unchanged
+    (standin_cache); a failed one always runs again."""
+    quant_config = model_config.get("quantization_config") or {}
+    key = standin_cache.quant_key(quant_config, sglang_src_dir()) if standin_cache.enabled() else None
+    record = standin_cache.load(key, [])
+    if record is not None:
+        if record["source"]:
+            log(f"(stand-in) compressed-tensors config checked by {record['source']} code (sglang sources: "
+                f"{sglang_src_dir()}): its outcome replayed from an earlier start in this guest with the same "
+                "config, compressed-tensors and sglang sources", logger=_scheduler_logger)
+        return record["value"]
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     target = importlib.import_module("sglang_standin")._quant_check_child
-    child = ctx.Process(target=target, args=(model_config, cfg["log_level"], f" TP{cfg['tp_rank']}", sender),
+    child = ctx.Process(target=target, args=(model_config, cfg["log_level"], f" TP{cfg['tp_rank']}", sender,
+                                             key is not None),
                         name=f"quant_check_{cfg['tp_rank']}")
     child.start()
     sender.close()
     try:
-        status, value = receiver.recv()
+        status, value, source, imported = receiver.recv()
     except EOFError:
         status, value = "error", f"the quantization check's process died (exit code {child.exitcode})\n"
     child.join()
     if status != "ok":
         raise CheckChildFailed(value)
+    standin_cache.store(key, {"value": value, "source": source, "imported": imported}, [])
     return value
 
 
-def _quant_check_child(model_config: dict, log_level: str, prefix: str, conn) -> None:
+def _quant_check_child(model_config: dict, log_level: str, prefix: str, conn, capture: bool = False) -> None:
     _die_with_parent()
     configure_logging(log_level, prefix=prefix)
+    announced: list[str] = []
+
+    def announce(source: str) -> None:
+        announced.append(source)
+        log(f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
+            f"{sglang_src_dir()})", logger=_scheduler_logger)
     try:
-        quant, _ = check_quantization(model_config, lambda source: log(
-            f"(stand-in) compressed-tensors config checked by {source} code (sglang sources: "
-            f"{sglang_src_dir()})", logger=_scheduler_logger))
-        conn.send(("ok", quant))
+        quant, _ = check_quantization(model_config, announce)
+        # what the check ran: every module it imported, and SGLang's two source files it executes
+        src = sglang_src_dir()
+        upstream = [str(src / rel) for rel in (CT_UTILS_FILE, CT_CONFIG_FILE)] if src else []
+        conn.send(("ok", quant, "".join(announced),
+                   standin_cache.imported_files(upstream) if capture else {}))
     except Exception:  # noqa: BLE001 - the rank reports it, as SGLang's scheduler would
-        conn.send(("error", get_exception_traceback()))
+        conn.send(("error", get_exception_traceback(), "", {}))
 
 
 def load_draft(draft_path: str, algorithm: str | None) -> tuple[str, int]:
@@ -1906,6 +1928,9 @@ class Rendezvous:
         self.closing = False
         self.sock: socket.socket | None = None
         self.shutdown_received = threading.Event()
+        # node rank -> its ranks' smallest KV pool, once they all loaded (rank 0's view)
+        self.loaded: dict[int, int] = {}
+        self.all_loaded = threading.Event()
 
     # rank 0 --------------------------------------------------------------
 
@@ -1968,9 +1993,18 @@ class Rendezvous:
         log(f"All {n} nodes joined.")
 
     def _watch_rank(self, rank: int, conn: socket.socket) -> None:
+        buf = b""
         try:
-            while conn.recv(4096):
-                pass
+            while data := conn.recv(4096):
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    parts = line.decode(errors="replace").split()
+                    if len(parts) == 2 and parts[0] == "loaded" and parts[1].isdigit():
+                        with self.lock:
+                            self.loaded[rank] = int(parts[1])
+                            if len(self.loaded) == self.args.nnodes - 1:
+                                self.all_loaded.set()
         except OSError:
             pass
         with self.lock:
@@ -1979,6 +2013,25 @@ class Rendezvous:
         log(f"rank {rank} disconnected", err=True)
         raw(f"RuntimeError: rank {rank} disconnected", err=True)
         _hard_exit(1)
+
+    def wait_loaded(self) -> int | None:
+        """Rank 0: wait until every other node's ranks loaded the model; their smallest KV pool, or None
+        when the server stops first. A node that fails while loading drops its connection and ends the
+        group (_watch_rank). sglang 0.5.23's ranks meet in collectives after the load: the TP group's
+        barrier (model_executor/model_runner_components/load_model_utils.py dist_barrier_after_load),
+        then the KV pool's free memory as the minimum over the launch world
+        (mem_cache/kv_cache_configurator.py: get_available_gpu_memory(distributed=...), utils/common.py),
+        so rank 0 cannot serve before the last node's ranks are up, and its pool is the smallest."""
+        while not self.all_loaded.wait(0.2):
+            if self.stop.is_set():
+                return None
+        with self.lock:
+            return min(self.loaded.values())
+
+    def report_loaded(self, kv_tokens: int) -> None:
+        """Ranks >= 1: this node's ranks are up, their smallest KV pool (the MIN all-reduce's share)."""
+        if self.sock is not None:
+            _send_line(self.sock, f"loaded {kv_tokens}")
 
     def broadcast_shutdown(self) -> None:
         with self.lock:
@@ -2162,7 +2215,15 @@ def _run(args, stop, model_config, gpus, tp_base, load_seconds) -> int:
     if not ranks.wait_ready(stop):
         return _shutdown(state, server, rdv, node_rank, ranks)
     # engine.py keeps rank 0's handshake as scheduler_info; /server_info merges it (build_server_info)
-    state.scheduler_info = {"max_total_num_tokens": min(i["max_total_num_tokens"] for i in ranks.infos),
+    kv_tokens = min(i["max_total_num_tokens"] for i in ranks.infos)
+    if rdv is not None and node_rank != 0:
+        rdv.report_loaded(kv_tokens)
+    elif rdv is not None:  # every node's ranks, as SGLang's collectives after the load make them wait
+        others = rdv.wait_loaded()
+        if others is None:
+            return _shutdown(state, server, rdv, node_rank, ranks)
+        kv_tokens = min(kv_tokens, others)
+    state.scheduler_info = {"max_total_num_tokens": kv_tokens,
                             "max_req_input_len": ranks.infos[0].get("max_req_input_len", 0)}
     ranks.start_watchdog()
     signal.signal(signal.SIGQUIT, _sigquit_running)

@@ -4,9 +4,7 @@ Every stand-in start spawns children that import torch (and, through compressed-
 transformers): SGLang's real argument parser (sglang_standin.parse_in_child) and SGLang's own
 compressed-tensors check (check_quantization_in_child). In a sandbox guest they took ~5 s of CPU
 each, most of a TP 8 restart's 10-14 s (measured with ps in a guest, 2026-12-07), and the test
-bed restarts servers hundreds of times on 2 shared cores. The parser's outcome is kept here; the
-check still runs at every start (replayed, a group restart of test_multinode left one rank's GPU
-without memory at the balance check, a cause not found yet).
+bed restarts servers hundreds of times on 2 shared cores. Both outcomes are kept here.
 
 The parser's result is a function of what it reads, and that is the key: its argv, its environment
 (less what systemd sets per start), the Python it runs, the --config file's bytes,
@@ -17,6 +15,10 @@ files changed is not used. Then its output and reply are replayed and the stand-
 reused them. A change of any input (a fault test's bad flag, a corrupted config.json, a package's
 files moved away behind pip's back) runs the parser again. Only a parse is kept: a refusal or a
 crash always runs the parser, which says why.
+
+The compressed-tensors check's key is the model's quantization_config, the Python and the sglang
+sources' directory; its record lists every module it imported and the two SGLang source files it
+runs. Only a passed check is kept: a refusal runs again and fails with its own traceback.
 
 On only where the sandbox made CACHE_DIR (sandbox/hosts.py, in every guest): the unit tests'
 stand-ins always run their parser. Secrets (the --config file's api-key values, the
@@ -85,6 +87,13 @@ def parser_key(argv: list[str], gpu_layout: Path) -> str | None:
                     "model_json": model_json, "gpus": _bytes_digest(str(gpu_layout))})
 
 
+def quant_key(quantization_config: dict, sglang_dir: Path | None) -> str:
+    """The compressed-tensors check's inputs as a digest: the model's quantization_config, the Python and
+    the sglang sources it runs (the packages it imports are held by the record's imported files)."""
+    return _digest({"kind": "quant", "config": quantization_config, "python": sys.executable,
+                    "sglang": str(sglang_dir)})
+
+
 def secrets(argv: list[str]) -> list[str]:
     """Values that must not be written down: the --config file's keys, the environment's keys and tokens."""
     found = []
@@ -105,11 +114,13 @@ def _swap(value: object, pairs: list[tuple[str, str]]) -> object:
     return json.loads(text)
 
 
-def imported_files() -> dict[str, list]:
-    """What this process imported from (every module's file; every site-packages directory on sys.path,
-    whose mtime changes when pip or anyone adds, removes or renames a package in it), with sizes and
-    mtimes. Not the working directory: the files a server writes there change its mtime."""
+def imported_files(also: tuple[str, ...] | list[str] = ()) -> dict[str, list]:
+    """What this process imported from (every module's file, and ``also``: files it ran otherwise; every
+    site-packages directory on sys.path, whose mtime changes when pip or anyone adds, removes or renames
+    a package in it), with sizes and mtimes. Not the working directory: the files a server writes there
+    change its mtime."""
     files = {f: _stat(f)[1:] for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
+    files.update({f: _stat(f)[1:] for f in also})
     files.update({d: _stat(d)[1:] for d in sys.path if d.endswith(("site-packages", "dist-packages")) and os.path.isdir(d)})
     return files
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -82,6 +83,28 @@ def test_multinode_rank0_waits_for_all_and_others_follow_it(bed):
     r0.p.send_signal(signal.SIGTERM)
     assert r0.wait(10) == 0
     assert r1.wait(10) == 0
+
+
+def test_multinode_rank0_serves_only_once_every_nodes_ranks_loaded_with_the_smallest_pool(bed):
+    """sglang 0.5.23's ranks meet after the load (the TP barrier, then the KV pool sized on the minimum free
+    memory over the world): rank 0 is not ready while node 1's ranks still load, and its pool is node 1's
+    smaller one. (test_multinode's group restart once met rank 0 ready and node 1's GPU 0 empty.)"""
+    dist, http0 = free_port(), free_port()
+    common = ["--model-path", str(bed.model), "--tp-size", "2", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{dist}", "--host", "127.0.0.1"]
+    r0 = bed.start([*common, "--node-rank", "0", "--port", str(http0)], CUDA_VISIBLE_DEVICES="0")
+    started = time.monotonic()
+    r1 = bed.start([*common, "--node-rank", "1", "--port", str(free_port()), "--mem-fraction-static", "0.5"],
+                   CUDA_VISIBLE_DEVICES="1", SANDBOX_LOAD_SECONDS="4")
+    r0.wait_for(READY)
+    assert time.monotonic() - started >= 0.9 * 4  # node 1's rank sleeps 0.9 of its load time before it is up
+    node1_tokens = int(re.search(r"max_total_num_tokens=(\d+)", r1.out()).group(1))
+    node0_tokens = int(re.search(r"max_total_num_tokens=(\d+)", r0.out()).group(1))
+    assert node1_tokens < node0_tokens  # positive control: the pools differ
+    code, body = http("GET", f"http://127.0.0.1:{http0}/server_info")
+    assert code == 200 and body["max_total_num_tokens"] == node1_tokens, body
+    r0.p.send_signal(signal.SIGTERM)
+    assert r0.wait(10) == 0 and r1.wait(10) == 0
 
 
 def test_multinode_rank0_killed(bed):
