@@ -14,8 +14,9 @@ bridge or setting, and the fix:
   ``options nvidia_uvm uvm_disable_hmm=1``: rtx6kpro models/kimi-k25.md).
 
 ``host_fitness`` decides what a finding does: "fail" (the default) refuses the host in the
-preflight, "warn" prints it, "off" reads nothing. GPUs not in sysfs (the sandbox's simulated
-ones) cannot be judged: said, not failed.
+preflight, "warn" prints it, "off" reads nothing. GPUs not in sysfs cannot be judged: said, not
+failed. The sandbox presents its simulated GPUs' PCIe tree in sysfs, /proc/cmdline and lspci
+(sandbox/pcisim.py): they are judged like real ones, and the preflight says SIMULATED.
 
 The P2P level follows from the topology: TP GPUs that meet only across the CPU interconnect
 (``nvidia-smi topo -m``: SYS) get ``NCCL_P2P_LEVEL=SYS``, else NCCL falls back to shared memory
@@ -37,7 +38,7 @@ from facts.cpu import CpuSockets
 from facts.gpu import SimulatedGpus
 from facts.gpu_topology import GpuTopology, Topology
 from facts.kernel import KernelCmdline, NvidiaUvmHmm
-from facts.pci import BDF, IommuGroups, IommuView, PciAcsPaths, PciPaths, sysfs_address
+from facts.pci import BDF, IommuDevice, IommuGroups, IommuView, PciAcsPaths, PciPaths, sysfs_address
 
 if TYPE_CHECKING:
     from facts.gpu import Gpu
@@ -161,23 +162,33 @@ def judge(spec: Spec, gpus: list[Gpu], cmdline: dict[str, str], hmm_off: bool | 
 
 
 def host_fitness(spec: Spec, gpus: list[Gpu]) -> Fitness:
-    """Read the facts and judge. With host_fitness "off", or on simulated GPUs (the sandbox's: not in
-    sysfs), only the topology is read (the P2P level); the CPU sockets only when it has SYS pairs."""
+    """Read the facts and judge. With host_fitness "off" only the topology is read (the P2P level); the CPU
+    sockets only when it has SYS pairs. On the sandbox's simulated GPUs the facts read its SIMULATED tree
+    (sandbox/pcisim.py), said in a note."""
     used = sorted(g.index for g in gpus if g.index in spec.gpu_ids)
     if len(used) < 2:
         return Fitness()
     topo = host.get_fact(GpuTopology)
     sockets = host.get_fact(CpuSockets) if sys_pairs(used, topo) else None
-    # == True: pyinfra-testing hands an unkeyed fact's False over in an object that is truthy but compares equal
-    simulated = host.get_fact(SimulatedGpus) == True  # noqa: E712
-    if spec.host_fitness == "off" or simulated:
+    if spec.host_fitness == "off":
         fitness = Fitness()
         fitness.p2p_level, fitness.p2p_why = decide_p2p(spec, used, topo, sockets, [])
-        if simulated and spec.host_fitness != "off":
-            fitness.notes.append("host fitness: the GPUs are SIMULATED (sandbox): IOMMU and ACS not checked")
         return fitness
     bus_ids = " ".join(a for a in (sysfs_address(g.pci_bus_id or "") for g in gpus if g.index in spec.gpu_ids)
                        if BDF.match(a))
     view = host.get_fact(IommuGroups, bus_ids=bus_ids) if bus_ids else IommuView(units=())
     paths = host.get_fact(PciAcsPaths, bus_ids=bus_ids) if bus_ids else PciPaths(lspci=False, paths={})
-    return judge(spec, gpus, host.get_fact(KernelCmdline), host.get_fact(NvidiaUvmHmm), view, paths, topo, sockets)
+    fitness = judge(spec, gpus, host.get_fact(KernelCmdline), host.get_fact(NvidiaUvmHmm), view, paths, topo, sockets)
+    in_sysfs = bool(bus_ids) and all(view.devices.get(a, IommuDevice(present=False)).present for a in bus_ids.split())
+    # == True: pyinfra-testing hands an unkeyed fact's False over in an object that is truthy but compares equal
+    if in_sysfs and host.get_fact(SimulatedGpus) == True:  # noqa: E712
+        fitness.notes.append(f"host fitness: {_gpu_list(used)} judged on the sandbox's SIMULATED PCIe tree "
+                             f"(IOMMU {_iommu_state(view, bus_ids.split())}; the {len(paths.bridges)} bridge(s) above them "
+                             "read by its lspci stand-in)")
+    return fitness
+
+
+def _iommu_state(view: IommuView, addresses: list[str]) -> str:
+    """What the IOMMU does for these devices, in a few words: "off", "identity", "DMA-FQ", ..."""
+    kinds = sorted({view.devices[a].domain_type or "no group" for a in addresses if a in view.devices})
+    return "off" if not view.units and kinds == ["no group"] else "domain " + "/".join(kinds)

@@ -9,7 +9,7 @@ import sys
 import time
 
 from . import hosts as H
-from . import rootfs
+from . import pcisim, rootfs
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -21,6 +21,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         compute_cap=args.compute_cap,
         p2p=args.p2p,
         gpu_name=args.gpu_name,
+        iommu=args.iommu,
+        acs_redirect=args.acs_redirect,
     )
     for host in result:
         print(f"{host.name}\t{host.address}\tup\t{host.gpu_summary()}")
@@ -116,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-cap", default=H.DEFAULT_LAYOUT["compute_cap"])
     p.add_argument("--p2p", default=H.DEFAULT_LAYOUT["p2p"], choices=["OK", "NS", "CNS", "GNS", "TNS", "U"])
     p.add_argument("--gpu-name", default=H.DEFAULT_LAYOUT["gpu_name"])
+    p.add_argument("--iommu", default=H.DEFAULT_LAYOUT["iommu"], choices=sorted(pcisim.IOMMU),
+                   help="the simulated IOMMU (sandbox/pcisim.py): pt or off are good, dma-fq or dma translate "
+                        "(the host-fitness preflight refuses the host); default %(default)s")
+    p.add_argument("--acs-redirect", default=H.DEFAULT_LAYOUT["acs_redirect"], metavar="GPUS",
+                   help='ACS redirect (ReqRedir+ CmpltRedir+) on the bridge above these GPUs ("0,3"), or "all" '
+                        "bridges (the preflight refuses the host); default none")
     p.add_argument("--scenario", choices=["ct200-incident"],
                    help="put the hosts in the state of a known incident (see sandbox/scenario.py)")
     p.set_defaults(func=_cmd_up)

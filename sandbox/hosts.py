@@ -4,7 +4,9 @@ Each host sgcN is a real systemd (PID 1) + sshd in its own network namespace
 (sgc-nsN; veth sgc-hN on the machine, eth0 in the guest; 10.77.N.2, machine
 side 10.77.N.1, NAT for the guest's apt/pip), on a throw-away overlayfs over
 the cached rootfs (sandbox.rootfs), in its own cgroup (sgc-sgcN). GPUs are
-simulated (sandbox.gpusim + the nvidia-smi stand-in).
+simulated (sandbox.gpusim + the nvidia-smi stand-in), and so is their PCIe tree: the sysfs
+paths, /proc/cmdline and lspci the host-fitness preflight reads (sandbox.pcisim, bound over the
+kernel's at boot; good by default, up(iommu=..., acs_redirect=...) makes it bad).
 
 A host can reboot and keep its disk: a small supervisor (sh, argv[0]
 sgc-nspawn-supervisor; its PID is SandboxHost.nspawn_pid) runs systemd-nspawn
@@ -47,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import gpusim, rootfs
+from . import gpusim, pcisim, rootfs
 
 PREFIX = "sgc"
 STATE_DIR = Path(os.environ.get("SGC_STATE_DIR", "/run/sglang-converge-sandbox"))
@@ -81,7 +83,8 @@ SRC_DIR = Path(__file__).resolve().parent
 # files of sandbox/ copied into every guest's GUEST_LIB at `up` (those that exist):
 # stdlib-only scripts that run on the sandbox host
 NSPAWN_PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")  # systemd-nspawn's, one dir per machine name
-GUEST_FILES = ("gpusim.py", "hold.py", "nvidia_smi.py", "sglang_standin.py", "sglang_sigterm.py", "standin_cache.py")
+GUEST_FILES = ("gpusim.py", "hold.py", "lspci.py", "nvidia_smi.py", "sglang_standin.py", "sglang_sigterm.py",
+               "standin_cache.py")
 
 DEFAULT_LAYOUT = {
     "gpus": 8,
@@ -90,6 +93,8 @@ DEFAULT_LAYOUT = {
     "p2p": "OK",
     "gpu_name": gpusim.CT200_GPU_NAME,
     "driver_version": "580.95.05",
+    "iommu": "pt",  # sandbox.pcisim: "pt" (good), "off" (good), "dma-fq" / "dma" (translating: bad)
+    "acs_redirect": "",  # sandbox.pcisim: "" (good), "all" or "0,3": the GPUs below a bridge that redirects (bad)
 }
 
 
@@ -579,7 +584,7 @@ def _layout_for(index: int, opts: dict) -> dict:
         driver_version=str(opts["driver_version"]),
         p2p=str(opts["p2p"]),
         host_tag=f"{index:04x}",
-    )
+    ) | {"pci": pcisim.settings(str(opts["iommu"]), str(opts["acs_redirect"]))}
 
 
 def _layout_summary(layout: dict) -> dict:
@@ -602,7 +607,16 @@ def install_guest_files(root: Path, name: str, layout: dict) -> None:
     # the memory plan's placement rules: the stand-in holds each rank's weights by them
     _write(root, f"{GUEST_LIB}/tensor_plan.py", (SRC_DIR.parent / "core" / "tensor_plan.py").read_bytes(), 0o644)
     _write(root, "/usr/local/bin/nvidia-smi", (SRC_DIR / "nvidia_smi.py").read_bytes(), 0o755)
-    _write(root, "/etc/sandbox-gpu/layout.json", json.dumps(layout, indent=2) + "\n")
+    gpu_layout = {k: v for k, v in layout.items() if k != "pci"}  # what the GPU stand-ins read (and key on)
+    _write(root, "/etc/sandbox-gpu/layout.json", json.dumps(gpu_layout, indent=2) + "\n")
+    # the GPUs' PCIe tree, as sysfs, /proc/cmdline and lspci show it (nspawn binds it at boot: _launch_guest)
+    found = pcisim.write_tree(root / pcisim.TREE_DIR.lstrip("/"), layout)
+    _write(root, pcisim.MODEL_PATH, pcisim.model(layout, found))
+    fast = root / pcisim.FAST_DIR.lstrip("/")
+    shutil.rmtree(fast, ignore_errors=True)
+    for bdf, text in pcisim.lspci_fast(found).items():
+        _write(root, f"{pcisim.FAST_DIR}/{bdf}", text)
+    _write(root, "/usr/local/bin/lspci", pcisim.lspci_wrapper(f"{GUEST_LIB}/lspci.py"), 0o755)
     # where the stand-in keeps what its parser and quantization-check children computed (standin_cache.py)
     (root / "var/cache/sandbox-standin").mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(
@@ -610,7 +624,8 @@ def install_guest_files(root: Path, name: str, layout: dict) -> None:
         "/etc/sandbox-gpu/SIMULATED",
         "The GPUs of this host are simulated (sglang-converge sandbox): "
         f"{GUEST_LIB}/gpusim.py + /usr/local/bin/nvidia-smi stand-in"
-        " + libnvidia-ml.so.1 (NVML stand-in, sandbox/nvml).\n",
+        " + libnvidia-ml.so.1 (NVML stand-in, sandbox/nvml); their PCIe tree too: "
+        f"{pcisim.TREE_DIR} bound over /sys and /proc/cmdline, {pcisim.MODEL_PATH} + /usr/local/bin/lspci stand-in.\n",
     )
     # NVML over the same state (built with the machine's gcc, cached by source digest)
     from .nvml import build as nvml_build
@@ -724,6 +739,10 @@ def _launch_guest(index: int, merged: Path, layout: dict) -> SandboxHost:
     cache = machine_pip_cache()
     if cache is not None:  # every guest's pip downloads a wheel only if no guest (nor the checkout) has
         nspawn.append(f"--bind={cache}:{GUEST_PIP_CACHE}")
+    binds, left_out = pcisim.nspawn_binds(merged)  # the simulated GPUs' PCIe tree over the kernel's
+    nspawn += binds
+    if left_out:
+        _log(f"{name}: the simulated PCIe tree not bound in full: {left_out}")
     # own cgroup (else all --keep-unit guests share the caller's) and own session
     script = _supervisor_script(merged, cgdirs, nspawn)
     log = open(hdir / "nspawn.log", "ab")  # a killed host booted again: its earlier boots' lines kept

@@ -266,7 +266,8 @@ def topo(layout: dict, argv: list[str]) -> str:
                 if i == j:
                     cells.append("X")
                 else:
-                    cells.append("NODE" if (i < half) == (j < half) else "SYS")
+                    # one PCIe switch per half (sandbox/pcisim.py), the halves on two CPU sockets
+                    cells.append("PIX" if (i < half) == (j < half) else "SYS")
             numa = 0 if i < half else 1
             out.append(f"GPU{gpus[i]['index']}\t" + "\t".join(cells) + f"\t{numa * 64}-{numa * 64 + 63}\t{numa}\t\tN/A")
         return "\n".join(out) + "\n" + TOPO_LEGEND

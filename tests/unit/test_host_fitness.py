@@ -142,14 +142,4 @@ def test_the_preflight_refuses_warns_or_reads_nothing_per_host_fitness(setting):
         assert translation == []
 
 
-def test_on_simulated_gpus_only_the_topology_is_read_and_it_is_said():
-    """The sandbox's GPUs (SimulatedGpus): no IOMMU, ACS, kernel or HMM fact is read (asking one would be a
-    KeyError here), the P2P level still follows the topology, and the preflight says why nothing was judged."""
-    from tests.unit.test_preflight_capability import facts, run
-
-    eight = gpus(*[f"00000000:{b}:00.0" for b in ("06", "07", "75", "76", "84", "85", "f4", "f5")])
-    host_facts = {k: v for k, v in facts(eight).items() if not k.startswith(("kernel.", "pci."))}
-    host_facts.update({"gpu.SimulatedGpus": True, "gpu_topology.GpuTopology": ASUS_TOPO, "cpu.CpuSockets": 2})
-    report, _commands, _host = run(ct200_spec(), host_facts)
-    assert "host fitness: the GPUs are SIMULATED (sandbox): IOMMU and ACS not checked" in report.notes
-    assert [n for n in report.notes if n.startswith("NCCL_P2P_LEVEL=SYS: 16 pair(s) of TP GPUs")], report.notes
+# the sandbox's simulated GPUs are judged on its simulated PCIe tree: tests/unit/test_pcisim.py
