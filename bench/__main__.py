@@ -161,14 +161,16 @@ def host_parts(parts: list[str], repeats: int, keep: bool, quick: bool = False) 
                       f"(median of {repeats})")
                 record({"ready_report_s" if outcome == "ready" else "crash_report_s": deploy,
                         "poll_loop_ready_report_s" if outcome == "ready" else "poll_loop_crash_report_s": base})
-                pyinfra("deploy.py")  # back to a ready server
+                if keep or outcome == "ready" or "gates" in parts:  # not for a host removed next
+                    pyinfra("deploy.py")  # back to a ready server
         if "gates" in parts:
             from bench.gates import describe, measure as measure_gates
 
             g = measure_gates(pyinfra, 1 if quick else max(repeats, 3))
             print(describe(g), flush=True)
             record({k: v for k, v in g.items() if k != "gates_parts"})
-            pyinfra("deploy.py")  # back to the settings' own environment
+            if keep:  # a removed host needs no restart back
+                pyinfra("deploy.py")  # back to the settings' own environment
     finally:
         if not keep:
             sandbox_api.remove(HOST)
