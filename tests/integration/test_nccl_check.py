@@ -46,6 +46,16 @@ def test_the_unit_env_has_the_topologys_p2p_level(host):
     assert "NCCL_P2P_LEVEL=SYS: " in host.converge_out and "meet only across the CPU interconnect" in host.converge_out
 
 
+def test_the_default_sandbox_host_is_judged_good_on_its_simulated_pcie_tree(host):
+    """Issue 37: the sandbox's default host presents a good PCIe tree (sandbox/pcisim.py: IOMMU passthrough,
+    no ACS redirect) where the facts read it; the converge judged it and passed (a bad one:
+    tests/integration/test_host_fitness_faults.py)."""
+    out = host.converge_out
+    assert ("preflight: host fitness: GPUs 0, 1, 2, 3, 4, 5, 6, 7 judged on the sandbox's SIMULATED PCIe tree (IOMMU "
+            "domain identity; the 12 bridge(s) above them read by its lspci stand-in)") in out, out[-5000:]
+    assert "IOMMU and ACS not checked" not in out and "IOMMU translation on" not in out and "ACS redirect on" not in out
+
+
 def test_a_hung_all_reduce_fails_before_the_start_and_a_good_one_is_kept_once(host, tmp_path):
     host.run("systemctl stop sglang.service; rm -f " + KEPT, timeout=120)
     try:
