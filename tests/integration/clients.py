@@ -10,6 +10,11 @@ import urllib.error
 import urllib.request
 
 CLIENTS = 2
+# A request that takes longer fails. Long enough for a slow answer on 2 CPU cores shared with a restart
+# and another test's converge (a CI run saw two chat requests through the router past 30 s while the
+# real server restarted beside them; p99 10 s); a request lost on a stopped worker still fails, since
+# sglang-router holds it up to its request_timeout_secs (1800 s by default: sglang_router RouterArgs).
+REQUEST_TIMEOUT_S = 120
 
 
 class Clients:
@@ -34,7 +39,7 @@ class Clients:
             request = urllib.request.Request(self.url + "/v1/chat/completions", data=body, headers=self.headers)
             started = time.monotonic()
             try:
-                with urllib.request.urlopen(request, timeout=30) as response:
+                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
                     answer = json.loads(response.read())
                     ok = response.status == 200 and answer["choices"][0]["message"]["content"]
                     error = None if ok else f"{response.status}: {answer}"
