@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,12 @@ def _skip_reason(report) -> str:
     return str(longrepr)
 
 
+def pytest_configure(config):
+    # one id per test run, inherited by the xdist workers this process starts (after configure):
+    # what a worker's staged template belongs to (tests/integration/templates.py)
+    os.environ.setdefault("SGC_TEST_RUN_ID", uuid.uuid4().hex)
+
+
 def pytest_sessionstart(session):
     _SKIPPED.clear()
 
@@ -150,6 +157,11 @@ def pytest_collectreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and _sandbox_unavailable() is None:
+        # this run's staged template layer (tests/integration/templates.py), once every worker is done
+        from tests.integration import templates
+
+        templates.remove_layer()
     if in_ci() and _SKIPPED and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

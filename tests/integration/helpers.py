@@ -106,11 +106,15 @@ def shared_converged_host(request, timings: dict[str, float]):
     """One sandbox host (sgc280) converged by deploy.py with the sandbox's settings, shared by the
     modules that need a converged host and leave it serving: booted and converged by the first
     that asks (its output in host.converge_out; its time in timings["converge"]), removed at the
-    end of the session. Each module runs its own deploys on it; run alone, a module boots it."""
+    end of the session. Each module runs its own deploys on it; run alone, a module boots it.
+    It boots staged (the run's template: tests/integration/templates.py), so its converge writes
+    the unit, starts and passes the gates without building the venv again."""
+    from tests.integration.templates import staged_hosts
+
     host = _SHARED.get("host")
     if host is not None and host.run("true", check=False, timeout=30).returncode == 0:
         return host
-    host = boot_extra_host(SHARED_INDEX)
+    host = staged_hosts([SHARED_INDEX])[0]
     request.config.add_cleanup(lambda: remove_host(host))
     proc = timed(timings, "converge", "deploy.py", limit=host.name)
     assert proc.returncode == 0, proc.out

@@ -7,8 +7,10 @@ deploy runs preflight, python_env and model (tests/integration/steps_deploy.py).
   the run after changes nothing;
 - the host rebooted mid-download: the run fails (the host is lost); after the reboot a
   re-run converges and the next one changes nothing;
-- a revision the Hub does not have: refused by the preflight before any change (no venv,
-  no model dir), naming the repo and the revision.
+- a revision the Hub does not have: refused by the preflight before any change (the venv as
+  it was, no model dir), naming the repo and the revision.
+The host boots staged and its models are removed (tests/integration/templates.py): the venv is
+built, as on a host where stage.py ran, and the download is this module's.
 
 The Hub is this module's own instance of the sandbox's Hub stand-in (sandbox.hub.HubServer,
 the code hubd runs) on the sandbox's hub address at a port of its own, given to the host
@@ -37,8 +39,9 @@ from sandbox import hosts as sandbox_api
 from sandbox import hubd
 from sandbox.hub import HubServer
 from sandbox.tinymodel import ModelInfo, generate
-from tests.integration.helpers import (BackgroundDeploy, boot_extra_host, grand_total, pyinfra, remove_host,
+from tests.integration.helpers import (BackgroundDeploy, grand_total, pyinfra, remove_host,
                                        wait_until)
+from tests.integration.templates import staged_hosts
 
 pytestmark = pytest.mark.sandbox
 
@@ -71,7 +74,8 @@ class Bed:
 def bed(tmp_path_factory) -> Iterator[Bed]:
     sandbox_api.remove(sandbox_api.host_name(INDEX))  # leftovers of an interrupted run
     t0 = time.monotonic()
-    host = boot_extra_host(INDEX)
+    host = staged_hosts([INDEX])[0]
+    host.run("find /srv/models -mindepth 1 -maxdepth 1 -exec rm -rf {} +")  # the venv staged, no model
     FIGURES["boot"] = time.monotonic() - t0
     try:
         prof = hubd.profile()
@@ -124,6 +128,11 @@ def boot_id(bed: Bed) -> str:
 
 def exists(bed: Bed, path: str) -> bool:
     return bed.host.run(f"test -e {path}", check=False).returncode == 0
+
+
+def tree(bed: Bed, path: str) -> str:
+    """Every file and directory under ``path`` with its size and mtime ('' when there is none)."""
+    return bed.host.run(f"find {path} -printf '%p %s %T@\\n' 2>/dev/null | sort; true", timeout=120).stdout
 
 
 def unit_state(bed: Bed) -> str:
@@ -179,7 +188,9 @@ def test_a_revision_the_hub_does_not_have_is_refused_before_any_change(bed):
     # a Hub that has the repo at another commit only: the profile's revision does not exist there
     other = dataclasses.replace(bed.model, commit=MISSING)
     assert exists(bed, "/etc/hostname")  # positive control of exists()
-    assert not exists(bed, VENV) and not exists(bed, bed.model_dir)  # a fresh host
+    venv = tree(bed, VENV)
+    assert f"{VENV} " in venv and "/bin/python " in venv  # staged: the venv is there (the comparison's control)
+    assert not exists(bed, bed.model_dir)
     with HubServer({bed.repo: other}, [hubd.HUB_ADDRESS]) as wrong:
         run = deploy(bed, wrong.url(), "missing revision: refused")
         show("missing revision", run.out)
@@ -195,7 +206,7 @@ def test_a_revision_the_hub_does_not_have_is_refused_before_any_change(bed):
     assert line in run.out, run.out[-4000:]
     assert "Traceback" not in run.out and "RevisionNotFoundError" not in run.out
     assert served == []
-    assert not exists(bed, VENV) and not exists(bed, bed.model_dir) and unit_state(bed) in ("inactive", "")
+    assert tree(bed, VENV) == venv and not exists(bed, bed.model_dir) and unit_state(bed) in ("inactive", "")
 
 
 def test_a_killed_download_fails_naming_sigkill_then_converges_fetching_only_what_was_in_flight(bed):

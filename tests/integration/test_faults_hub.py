@@ -35,8 +35,9 @@ from sandbox import hosts as sandbox_hosts_api
 from sandbox import hubd
 from sandbox.hub import HubServer
 from sandbox.tinymodel import ModelInfo, generate
-from tests.integration.helpers import (BackgroundDeploy, boot_extra_host, grand_total, pyinfra, remove_host,
+from tests.integration.helpers import (BackgroundDeploy, grand_total, pyinfra, remove_host,
                                        wait_until)
+from tests.integration.templates import staged_hosts
 
 pytestmark = pytest.mark.sandbox
 
@@ -92,7 +93,10 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory) -> Iterator[Bed]:
-    host = boot_extra_host(INDEX)
+    # staged (tests/integration/templates.py), its models removed: the venv built as after stage.py,
+    # the download this module's
+    host = staged_hosts([INDEX])[0]
+    host.run("find /srv/models -mindepth 1 -maxdepth 1 -exec rm -rf {} +")
     try:
         prof = hubd.profile()
         model = generate(tmp_path_factory.mktemp("hub") / "model", 40, 3, prof["quantization"]["format"],

@@ -1,5 +1,7 @@
-"""A 2-node TP group (TP 16 over 2 x 8 simulated GPUs) on fresh sandbox hosts
-sgc20 + sgc21, described once in inventory/sandbox_tp_group.py:
+"""A 2-node TP group (TP 16 over 2 x 8 simulated GPUs) on sandbox hosts sgc20 + sgc21,
+described once in inventory/sandbox_tp_group.py. The hosts boot staged (the venv and the
+revision built by stage.py on the run's template: tests/integration/templates.py), as after
+`stage.py`; the group's own unit files, start and readiness are this module's:
 
 the group converges and comes up (the stand-in's ranks really rendezvous over
 TCP at rank 0's dist init address; rank 0 is ready only when rank 1 joined);
@@ -24,6 +26,7 @@ import pytest
 
 from sandbox import hosts as sandbox_api
 from tests.integration.helpers import ROOT, grand_total, server_venv, unit_props
+from tests.integration.templates import staged_hosts
 
 pytestmark = pytest.mark.sandbox
 
@@ -44,7 +47,7 @@ def group():
     for name in names:  # leftovers of an interrupted run: start from fresh hosts
         sandbox_api.remove(name)
     try:
-        hosts = sandbox_api.up(indexes=INDEXES)
+        hosts = staged_hosts(INDEXES)
         yield hosts
     finally:
         for name in names:
@@ -104,7 +107,7 @@ def cmdline(host) -> list[str]:
 def test_group_converges_and_comes_up(group):
     rank0, rank1 = group
     proc = deploy()
-    FIGURES["first run (fresh hosts)"] = proc.seconds
+    FIGURES["first run (staged hosts)"] = proc.seconds
     assert proc.returncode == 0, proc.out
     start = line_time(proc, r"\[sgc20\] service: start sglang.service \(rank 0 of node group sandbox-tp16")
     ready = line_time(proc, r"\[sgc20\] readiness: ready: sglang.service serves tiny")

@@ -3,7 +3,7 @@ server (sgc23) share the API key exported on the controller. The router
 demands it from clients and from its /workers API, gives it to the server with
 each request, and holds it only in a root-only file (never argv, the unit or
 the journal); a second rollout changes nothing; a new key restarts both and
-leaves them working together with it."""
+leaves them working together with it. The server boots staged (tests/integration/templates.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration import fleet_helpers
 from tests.integration.fleet_helpers import summary, wait_for_ssh
+from tests.integration.templates import staged_hosts
 
 pytestmark = pytest.mark.sandbox
 
@@ -38,7 +39,8 @@ def keyed_fleet(request):
             sandbox_api.remove(f"sgc{index}")
 
     request.addfinalizer(cleanup)
-    booted = {h.name: h for h in sandbox_api.up(indexes=INDEXES)}
+    # the server boots staged (its venv and revision: tests/integration/templates.py); the router fresh
+    booted = {h.name: h for h in [*sandbox_api.up(indexes=INDEXES[:1]), *staged_hosts(INDEXES[1:])]}
     wait_for_ssh(booted.values())
     first = rollout("--batch-size", "1")
     return booted, first
