@@ -183,10 +183,11 @@ def unit_installed(unit: str):
 
 def script_command(spec: Spec, script: Path, args: list[str]) -> str:
     """A remote/ script run by the venv's python on the host (its text as -c: nothing uploaded), with the
-    options file it reads the API key from (never argv), quoted for the shell."""
-    argv = [spec.venv_python, "-u", "-c", script.read_text(), *args]
-    if spec.server_options:
-        argv += ["--options-file", spec.options_path]
+    options file it reads the API key from (never argv), quoted for the shell. Always the unit's options
+    file, also when this run's settings hold no key: a rollback restores the last good configuration's
+    file, key included, and its readiness must ask with that key (without it: 401, a healthy rollback
+    reported failed). The scripts send no key when the file has none."""
+    argv = [spec.venv_python, "-u", "-c", script.read_text(), *args, "--options-file", spec.options_path]
     return " ".join(shlex.quote(arg) for arg in argv)
 
 

@@ -355,8 +355,7 @@ def _wait_args(spec: Spec, elapsed: float, baseline: str | None, progress: bool)
     if spec.node_rank == 0:
         args += ["--url", local_url(spec), "--served-name", spec.served_model_name,
                  "--timeout", str(spec.readiness_timeout_s)]
-        if spec.server_options:
-            args += ["--options-file", spec.options_path]
+        args += ["--options-file", spec.options_path]  # always: see core/server.py script_command
         args += wait_args(spec)  # what SGLang chose, kept once ready: the gates' fingerprint
     else:
         # rank 0 owns the group's timeout; the others only watch their unit

@@ -164,6 +164,28 @@ def test_the_command_carries_the_checks_but_not_the_key():
     assert "k-secret-123" not in command
 
 
+def test_without_a_key_in_the_settings_the_scripts_still_read_the_units_options_file():
+    """A rollback restores the last good configuration's options file, key included, while this run's
+    settings hold none (seen: `make demo REAL=1` after a keyed deploy, its speed gate failing): the
+    readiness wait after it must ask with that key, else a healthy rollback answers 401 and is
+    reported failed. The scripts send no key when the file holds none (test_wait_ready_*)."""
+    import runpy
+
+    from core.server import wait_command
+    from core.speed_gate import speed_command
+    from tasks.spec import build_spec
+
+    data = {}
+    for group in ("all", "sandbox"):
+        data.update({k: v for k, v in runpy.run_path(str(REPO / "group_data" / f"{group}.py")).items()
+                     if not k.startswith("_")})
+    spec = build_spec("sgc1", {**data, "hf_endpoint": "http://10.77.0.1:18080"},
+                      environ={}).resolve(compute_cap="12.0", p2p_ok=True)
+    assert "api-key" not in json.dumps(spec.server_options)  # no key in this run's settings
+    for command in (wait_command(spec, 60), smoke_command(spec), speed_command(spec, "http://127.0.0.1:30000")):
+        assert command.endswith(" --options-file /etc/sglang/sglang.yaml"), command[-200:]
+
+
 @pytest.fixture
 def standin(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "sandbox"))
