@@ -12,12 +12,13 @@ demands the key."""
 from __future__ import annotations
 
 import json
+import runpy
 import shlex
 import time
 
 import pytest
 
-from tests.integration.helpers import SHARED_CONVERGED_GROUP, grand_total, pyinfra, shared_converged_host, unit_props
+from tests.integration.helpers import ROOT, SHARED_CONVERGED_GROUP, grand_total, pyinfra, shared_converged_host, unit_props
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SHARED_CONVERGED_GROUP)]
 
@@ -135,3 +136,28 @@ def test_a_second_deploy_keeps_the_launcher_and_the_server(keyed_host):
     assert unit_props(host, "sglang.service")["MainPID"] == before
     sha = host.run("sha256sum /usr/local/lib/sglang-converge/server_launch.py").stdout.split()[0]
     assert f"(sha256 {sha})" in host.run("cat /etc/systemd/system/sglang.service").stdout
+
+
+def test_a_rollback_to_the_keyed_configuration_is_checked_with_its_key(keyed_host, tmp_path, monkeypatch):
+    """A deploy without the key whose start fails a gate (the stand-in's KV pool a tenth of the plan) rolls
+    back to the last good configuration, the keyed one: its options file comes back with the key, and the
+    rollback's readiness asks with it (core/server.py script_command). Seen with the real server (`make demo
+    REAL=1` after a keyed deploy): the wait asked without it, got 401, and a healthy rollback was reported
+    failed. The host ends keyed and serving, as this module found it."""
+    host, _ = keyed_host
+    monkeypatch.delenv("SGLANG_API_KEY", raising=False)  # this run's settings hold no key
+    before = unit_props(host, "sglang.service")["MainPID"]
+    extra = {**runpy.run_path(str(ROOT / "group_data" / "sandbox.py"))["extra_env"], "SANDBOX_KV_FRACTION": "0.1"}
+    (tmp_path / "sandbox.py").write_text(f"extra_env = {extra!r}\n")
+    proc = pyinfra("deploy.py", "--group-data", str(tmp_path), limit=host.name)
+    assert proc.returncode != 0, proc.out[-4000:]
+    assert "readiness: launch fingerprint: the KV pool holds" in proc.out, proc.out[-4000:]  # the rollback's cause
+    assert "readiness: rolled back: sglang.service serves the last good configuration again" in proc.out, \
+        proc.out[-4000:]
+    assert "rollback failed" not in proc.out and "is refused" not in proc.out, proc.out[-4000:]
+    assert unit_props(host, "sglang.service")["MainPID"] != before
+    url = "http://127.0.0.1:30000/v1/models"
+    assert host.run(f"curl -s -o /dev/null -w '%{{http_code}}' {url}").stdout == "401"  # keyed again
+    assert KEY not in proc.out
+    again = pyinfra("deploy.py", limit=host.name, env={"SGLANG_API_KEY": KEY})
+    assert again.returncode == 0 and grand_total(again.out)[:2] == (0, 0), again.out[-4000:]
