@@ -49,10 +49,10 @@ def _sandbox_unavailable() -> str | None:
 # xdist_group(SHARED_CONVERGED_GROUP) on sgc280, xdist_group(FLEET_GROUP) on sgc10-14, ...), so no two
 # workers boot the same host index. Groups go out in this order, the longest first (the durations
 # .ci/run prints), so no worker is left alone with a long group at the end; the rest follow by name.
-LONGEST_GROUPS_FIRST = (  # measured on 2 cores (2026-12-07, warm): 2059 s, ~1500 s, 742 s, 584 s, ... 138 s
+LONGEST_GROUPS_FIRST = (  # measured on 2 cores (2026-12-07, warm, staged hosts): 1319 s, 1021 s, 502 s, 443 s, ... 31 s
     "real-sgc290", "converged-sgc280", "fleet-sgc10-14", "test_faults_controller", "test_bench",
-    "test_multinode", "test_router_key", "test_faults_fleet", "test_steps_idempotent", "test_incident",
-    "sgc1-2", "test_two_servers", "test_faults_hub", "test_download_faults",
+    "test_steps_idempotent", "test_incident", "sgc1-2", "test_two_servers", "test_faults_hub",
+    "test_faults_fleet", "test_router_key", "test_multinode", "test_download_faults",
 )
 
 
