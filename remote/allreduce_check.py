@@ -12,7 +12,9 @@ all-reduce (the NCCL hang of IOMMU translation or ACS redirect) fails it, its pr
 
 Prints one line ``allreduce: {json}``; exit 0 and the JSON kept in --out (root-only) when it
 passed, exit 1 with the reason otherwise (--out untouched). SGC_ALLREDUCE_STALL_RANK=N (with
---simulated only): rank N never enters its all-reduce, how the sandbox shows the bound.
+--simulated only): rank N never enters its all-reduce, how the sandbox shows the bound;
+SGC_ALLREDUCE_FAIL_RANK=N: rank N raises before it joins, and the failure names the rank and its error
+(a rank the kernel killed: its signal).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import multiprocessing
 import os
 import queue
+import signal
 import socket
 import sys
 import time
@@ -35,11 +38,22 @@ def free_port() -> int:
 
 def rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, iters: int, timeout: float,
               results) -> None:
+    try:
+        _rank_main(rank, world, port, simulated, size_mb, iters, timeout, results)
+    except BaseException as err:  # the parent names it: a rank's exit code alone says nothing
+        results.put({"rank": rank, "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"})
+        raise
+
+
+def _rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, iters: int, timeout: float,
+               results) -> None:
     import datetime
 
     import torch
     import torch.distributed as dist
 
+    if simulated and os.environ.get("SGC_ALLREDUCE_FAIL_RANK") == str(rank):
+        raise RuntimeError("SIMULATED rank failure (SGC_ALLREDUCE_FAIL_RANK)")
     backend = "gloo" if simulated else "nccl"
     device = torch.device("cpu") if simulated else torch.device("cuda", rank)
     if not simulated:
@@ -66,6 +80,16 @@ def rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, i
     dist.destroy_process_group()
 
 
+def exit_reason(code: int | None) -> str:
+    """A rank's exit code in words (one killed by a signal: -N)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}" + (" (out of memory?)" if code == -9 else "")
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: float,
           startup_timeout: float = 600.0) -> dict:
     world = len(gpus)
@@ -79,6 +103,7 @@ def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: f
     for proc in procs:
         proc.start()
     ready: set[int] = set()
+    errors: dict[int, str] = {}
     done: list[dict] = []
     deadline = time.monotonic() + startup_timeout
     while len(done) < world and time.monotonic() < deadline:
@@ -88,23 +113,34 @@ def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: f
             if any(p.exitcode not in (None, 0) for p in procs):
                 break
             continue
-        if message.get("ready"):
+        if "error" in message:
+            errors[message["rank"]] = message["error"]
+        elif message.get("ready"):
             ready.add(message["rank"])
             if len(ready) == world:
                 deadline = time.monotonic() + timeout  # every rank up: the all-reduces' own bound
         else:
             done.append(message)
+    codes = [proc.exitcode for proc in procs]  # before the kill below: a rank the kernel killed shows here
     for proc in procs:
         if proc.is_alive():
             proc.kill()
         proc.join(5)
+    while True:  # an error a rank sent just before the loop ended
+        try:
+            message = results.get(timeout=0.1)
+        except (queue.Empty, OSError, ValueError):
+            break
+        if "error" in message:
+            errors[message["rank"]] = message["error"]
     base = {"gpus": gpus, "backend": "gloo (SIMULATED: the sandbox's CPU, no GPU)" if simulated else "nccl",
             "size_mb": size_mb, "timeout_s": timeout}
     if len(done) < world:
-        failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0, -9)]
+        failed = sorted({r for r, code in enumerate(codes) if code not in (None, 0)} | set(errors))
         missing = sorted(set(range(world)) - {d["rank"] for d in done})
         late = sorted(set(range(world)) - ready)
-        why = (f"rank(s) {failed} exited with an error" if failed else
+        causes = "; ".join(f"rank {r}: {errors.get(r) or exit_reason(codes[r])}" for r in failed)
+        why = (f"rank(s) {failed} exited with an error ({causes})" if failed else
                f"rank(s) {late} did not start within {startup_timeout:g} s" if late else
                f"rank(s) {missing} did not finish an all-reduce within {timeout:g} s (a hang)")
         return {**base, "ok": False, "error": why}

@@ -6,6 +6,7 @@ within the bound, naming the env and what to try, and keeps nothing. The noop ca
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -46,6 +47,23 @@ def test_the_check_passes_and_keeps_its_result_and_a_stalled_rank_fails_within_t
         in proc.stderr, proc.stderr
     assert "try: the host fitness fixes the preflight names" in proc.stderr
     assert not out.exists()  # a failure keeps nothing: the next run checks again
+
+
+def test_a_rank_that_fails_is_named_with_its_error_and_one_the_kernel_killed_with_its_signal(tmp_path):
+    """Not "did not start within 600 s" (what a rank killed by the OOM killer read as before): the rank and why."""
+    assert PYTHON.exists(), "make test-venvs builds it (make test does, before the unit tests)"
+    out = tmp_path / "allreduce.json"
+    failing = check_command(str(PYTHON), [0, 1], {"SGC_ALLREDUCE_FAIL_RANK": "1"}, "k3", str(out), 60.0, None, True)
+    proc = subprocess.run(["bash", "-c", failing], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("all-reduce check failed over GPUs 0,1: rank(s) [1] exited with an error (rank 1: RuntimeError: "
+            "SIMULATED rank failure (SGC_ALLREDUCE_FAIL_RANK))") in proc.stderr, proc.stderr
+    assert not out.exists()
+    spec = importlib.util.spec_from_file_location("allreduce_check", ROOT / "remote" / "allreduce_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.exit_reason(-9) == "killed by SIGKILL (out of memory?)"
+    assert script.exit_reason(-15) == "killed by SIGTERM" and script.exit_reason(1) == "exit code 1"
 
 
 def test_only_the_units_nccl_cuda_and_torch_variables_reach_the_checks_command_line():
