@@ -37,16 +37,16 @@ def free_port() -> int:
 
 
 def rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, iters: int, timeout: float,
-              results) -> None:
+              group_timeout: float, results) -> None:
     try:
-        _rank_main(rank, world, port, simulated, size_mb, iters, timeout, results)
+        _rank_main(rank, world, port, simulated, size_mb, iters, timeout, group_timeout, results)
     except BaseException as err:  # the parent names it: a rank's exit code alone says nothing
         results.put({"rank": rank, "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"})
         raise
 
 
 def _rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, iters: int, timeout: float,
-               results) -> None:
+               group_timeout: float, results) -> None:
     import datetime
 
     import torch
@@ -58,10 +58,12 @@ def _rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, 
     device = torch.device("cpu") if simulated else torch.device("cuda", rank)
     if not simulated:
         torch.cuda.set_device(rank)
-    # the process group's own timeout well past the check's bound: the bound (the parent) decides, not
-    # a backend's timer racing it (gloo would fail the waiting ranks with its own error at the same time)
+    # the process group's own timeout (its rendezvous too) past both of the parent's bounds: the bounds decide,
+    # not a backend's timer racing them (gloo would fail the waiting ranks with its own error; at 3 x timeout
+    # + 60 s alone, a rendezvous on a loaded host, ranks importing torch one after another, could time out
+    # inside the startup bound)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=3 * timeout + 60))
+                            timeout=datetime.timedelta(seconds=group_timeout))
     tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
     results.put({"rank": rank, "ready": True})  # the bound starts once every rank is here (imports take long)
     if simulated and os.environ.get("SGC_ALLREDUCE_STALL_RANK") == str(rank):
@@ -98,8 +100,10 @@ def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: f
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, simulated, size_mb, iters, timeout, results),
-                         daemon=True) for r in range(world)]
+    group_timeout = startup_timeout + 3 * timeout + 60
+    procs = [ctx.Process(target=rank_main, daemon=True,
+                         args=(r, world, port, simulated, size_mb, iters, timeout, group_timeout, results))
+             for r in range(world)]
     for proc in procs:
         proc.start()
     ready: set[int] = set()
