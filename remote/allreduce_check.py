@@ -24,28 +24,23 @@ import json
 import multiprocessing
 import os
 import queue
+import shutil
 import signal
-import socket
 import sys
+import tempfile
 import time
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, iters: int, timeout: float,
+def rank_main(rank: int, world: int, store: str, simulated: bool, size_mb: int, iters: int, timeout: float,
               group_timeout: float, results) -> None:
     try:
-        _rank_main(rank, world, port, simulated, size_mb, iters, timeout, group_timeout, results)
+        _rank_main(rank, world, store, simulated, size_mb, iters, timeout, group_timeout, results)
     except BaseException as err:  # the parent names it: a rank's exit code alone says nothing
         results.put({"rank": rank, "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"})
         raise
 
 
-def _rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, iters: int, timeout: float,
+def _rank_main(rank: int, world: int, store: str, simulated: bool, size_mb: int, iters: int, timeout: float,
                group_timeout: float, results) -> None:
     import datetime
 
@@ -62,7 +57,10 @@ def _rank_main(rank: int, world: int, port: int, simulated: bool, size_mb: int, 
     # not a backend's timer racing them (gloo would fail the waiting ranks with its own error; at 3 x timeout
     # + 60 s alone, a rendezvous on a loaded host, ranks importing torch one after another, could time out
     # inside the startup bound)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    # the rendezvous through a file of the check's own, not a TCP port picked free beforehand: on a loaded
+    # host rank 0 binds it late, and the other ranks' connection attempts meanwhile take ephemeral ports
+    # that can include it (rank 0 then fails: address in use)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=group_timeout))
     tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
     results.put({"rank": rank, "ready": True})  # the bound starts once every rank is here (imports take long)
@@ -99,10 +97,11 @@ def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: f
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
+    store_dir = tempfile.mkdtemp(prefix="sgc-allreduce-")  # 0700, removed below
+    store = os.path.join(store_dir, "rendezvous")
     group_timeout = startup_timeout + 3 * timeout + 60
     procs = [ctx.Process(target=rank_main, daemon=True,
-                         args=(r, world, port, simulated, size_mb, iters, timeout, group_timeout, results))
+                         args=(r, world, store, simulated, size_mb, iters, timeout, group_timeout, results))
              for r in range(world)]
     for proc in procs:
         proc.start()
@@ -137,6 +136,7 @@ def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: f
             break
         if "error" in message:
             errors[message["rank"]] = message["error"]
+    shutil.rmtree(store_dir, ignore_errors=True)
     base = {"gpus": gpus, "backend": "gloo (SIMULATED: the sandbox's CPU, no GPU)" if simulated else "nccl",
             "size_mb": size_mb, "timeout_s": timeout}
     if len(done) < world:
