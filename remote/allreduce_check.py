@@ -80,6 +80,17 @@ def _rank_main(rank: int, world: int, store: str, simulated: bool, size_mb: int,
     dist.destroy_process_group()
 
 
+def drain_errors(results, errors: dict[int, str]) -> None:
+    """The errors the ranks sent that are still queued."""
+    while True:
+        try:
+            message = results.get(timeout=0.2)
+        except (queue.Empty, OSError, ValueError):
+            return
+        if "error" in message:
+            errors[message["rank"]] = message["error"]
+
+
 def exit_reason(code: int | None) -> str:
     """A rank's exit code in words (one killed by a signal: -N)."""
     if code is not None and code < 0:
@@ -114,6 +125,7 @@ def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: f
             message = results.get(timeout=0.5)
         except queue.Empty:
             if any(p.exitcode not in (None, 0) for p in procs):
+                drain_errors(results, errors)  # what the rank that exited said first
                 break
             continue
         if "error" in message:
@@ -124,18 +136,15 @@ def check(gpus: list[str], simulated: bool, size_mb: int, iters: int, timeout: f
                 deadline = time.monotonic() + timeout  # every rank up: the all-reduces' own bound
         else:
             done.append(message)
-    codes = [proc.exitcode for proc in procs]  # before the kill below: a rank the kernel killed shows here
+    # the exit codes before the kill below (a rank the kernel killed shows here), and every rank killed at
+    # once: killed one after another, the ranks still waiting lose their peers and fail with gloo's
+    # "Connection closed by peer", which would read as ranks that failed rather than a hang
+    codes = [proc.exitcode for proc in procs]
     for proc in procs:
         if proc.is_alive():
             proc.kill()
+    for proc in procs:
         proc.join(5)
-    while True:  # an error a rank sent just before the loop ended
-        try:
-            message = results.get(timeout=0.1)
-        except (queue.Empty, OSError, ValueError):
-            break
-        if "error" in message:
-            errors[message["rank"]] = message["error"]
     shutil.rmtree(store_dir, ignore_errors=True)
     base = {"gpus": gpus, "backend": "gloo (SIMULATED: the sandbox's CPU, no GPU)" if simulated else "nccl",
             "size_mb": size_mb, "timeout_s": timeout}

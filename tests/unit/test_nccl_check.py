@@ -40,11 +40,14 @@ def test_the_check_passes_and_keeps_its_result_and_a_stalled_rank_fails_within_t
     assert kept["backend"] == "gloo (SIMULATED: the sandbox's CPU, no GPU)" and kept["env"] == {"NCCL_P2P_LEVEL": "SYS"}
     assert oct(out.stat().st_mode & 0o777) == "0o600"
     out.unlink()
-    stalled = check_command(str(PYTHON), [0, 1], {"SGC_ALLREDUCE_STALL_RANK": "1"}, "k2", str(out), 5.0, None, True)
+    # rank 0 stalls: the other two wait on it in their all-reduce. A hang, also once the bound kills them (one
+    # after another, the waiting ranks saw rank 0 go and failed with "Connection closed by peer": reported
+    # as ranks that exited with an error, a cold CI run's test_nccl_check failure)
+    stalled = check_command(str(PYTHON), [0, 1, 2], {"SGC_ALLREDUCE_STALL_RANK": "0"}, "k2", str(out), 5.0, None, True)
     proc = subprocess.run(["bash", "-c", stalled], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "all-reduce check failed over GPUs 0,1: rank(s) [0, 1] did not finish an all-reduce within 5 s (a hang)" \
-        in proc.stderr, proc.stderr
+    assert "all-reduce check failed over GPUs 0,1,2: rank(s) [0, 1, 2] did not finish an all-reduce within 5 s " \
+        "(a hang)" in proc.stderr, proc.stderr
     assert "try: the host fitness fixes the preflight names" in proc.stderr
     assert not out.exists()  # a failure keeps nothing: the next run checks again
 
