@@ -38,7 +38,9 @@ RUN_ID_ENV = "SGC_TEST_RUN_ID"  # set by tests/conftest.py in the session's firs
 
 def _run_id() -> str:
     """The same in every worker of one pytest-xdist run (and only there)."""
-    return os.environ.get(RUN_ID_ENV) or f"pid-{os.getpid()}"
+    # xdist's own run id next: workers that did not inherit ours must still agree (else each would take the
+    # other's layer for a stale one and remove the hosts running on it)
+    return os.environ.get(RUN_ID_ENV) or os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid-{os.getpid()}"
 
 
 def _side_file(suffix: str) -> Path:
