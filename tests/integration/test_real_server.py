@@ -190,7 +190,8 @@ def test_sigterm_as_the_real_server_meets_it_under_each_kill_mode(real, kill_mod
             assert status == "0", status
         else:
             assert code != "200", (code, log[-3000:])  # the request was cut
-            assert "Gracefully exiting" not in log
+            # (the main process got SIGTERM too: its watchdog may log the start of a drain, "Gracefully
+            # exiting...", before the schedulers' death takes the tree down; seen once in CI under load)
             # SGLang's kill_process_tree SIGKILLs its own tree, itself included: systemd records a
             # killed main process (status 9) and the unit as failed
             assert status in ("9", "137"), (status, log[-3000:])
