@@ -53,13 +53,10 @@ def _rank_main(rank: int, world: int, store: str, simulated: bool, size_mb: int,
     device = torch.device("cpu") if simulated else torch.device("cuda", rank)
     if not simulated:
         torch.cuda.set_device(rank)
-    # the process group's own timeout (its rendezvous too) past both of the parent's bounds: the bounds decide,
-    # not a backend's timer racing them (gloo would fail the waiting ranks with its own error; at 3 x timeout
-    # + 60 s alone, a rendezvous on a loaded host, ranks importing torch one after another, could time out
-    # inside the startup bound)
-    # the rendezvous through a file of the check's own, not a TCP port picked free beforehand: on a loaded
-    # host rank 0 binds it late, and the other ranks' connection attempts meanwhile take ephemeral ports
-    # that can include it (rank 0 then fails: address in use)
+    # The rendezvous goes through a file of the check's own, not a TCP port picked free beforehand (on a
+    # loaded host rank 0 binds it late, and the other ranks' connection attempts can take it meanwhile).
+    # The group's own timeout, the rendezvous's too, lies past both of the parent's bounds: the bounds
+    # decide, not a backend's timer racing them.
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=group_timeout))
     tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
