@@ -358,18 +358,20 @@ def test_conformance_metrics_names(standin):
 HEALTH_TRACE = """
 seen=""; last=""; end=$(( $(date +%s) + 240 ))
 while [ $(date +%s) -lt $end ]; do
-  c=$(curl -s -o /dev/null -m 2 -w '%{http_code}' http://127.0.0.1:PORT/health)
+  c=$(curl -s -o /dev/null -m 2 -w '%{http_code}' http://127.0.0.1:PORT/health); rc=$?
+  [ "$c" = 000 ] && c="000:$rc"
   [ "$c" != "$last" ] && { echo "$c" >> FILE; last=$c; }
   case "$seen$c" in *000*200) break;; esac
-  seen="$seen$c"; sleep 0.05
+  [ "$c" != 000:28 ] && seen="$seen$c"; sleep 0.05  # a slow answer is not the server gone
 done
 echo end >> FILE
 """
 
 
 def health_through_a_restart(host, unit: str, port: int) -> tuple[list[str], str]:
-    """/health's answers (000: none) while a request is in flight and systemd restarts the unit (SIGTERM to
-    the main process: KillMode=mixed), until it serves again; and the unit's journal of the restart."""
+    """/health's answers (000:<curl's exit status>: none; 000:28: none within 2 s) while a request is in
+    flight and systemd restarts the unit (SIGTERM to the main process: KillMode=mixed), until it serves
+    again; and the unit's journal of the restart."""
     trace = f"/tmp/health-{port}.trace"
     script = HEALTH_TRACE.replace("PORT", str(port)).replace("FILE", trace)
     host.run(f"rm -f {trace} /tmp/inflight-{port}.code; (sh -c {shlex.quote(script)} > /dev/null 2>&1 &)")
@@ -399,7 +401,12 @@ def test_conformance_health_through_drain_stop_load_and_ready(standin):
     sim_codes, sim_log = health_through_a_restart(standin, PROBE_UNIT, PROBE_PORT)
 
     def phases(codes: list[str]) -> list[str]:
-        out = list(codes)
+        # a /health slower than 2 s beside the in-flight request on a loaded machine (a CI run: 200,
+        # 000:28, 503) says nothing about the phases: dropped; any other no-answer is "000"
+        out: list[str] = []
+        for code in (c[:3] for c in codes if c != "000:28"):
+            if code not in out[-1:]:
+                out.append(code)
         if len(out) >= 3 and out[-2] == "503" and out[-3] == "000":  # the warmup's 503: timing decides
             del out[-2]
         return out
