@@ -86,6 +86,7 @@ test: setup .sandbox/nvml-venv/.installed $(HUB_VENV)
 		exit $$rc ) > $(REPORTS)/unit-tests.log 2>&1 & unit=$$!; \
 	s=$$(date +%s); \
 	export SGC_FAILURES_LOG=$(REPORTS)/failures.log; rm -f $(REPORTS)/failures.log; \
+	export SANDBOX_CPU_LOG=$(abspath $(REPORTS))/guest-cpu.tsv; rm -f $(REPORTS)/guest-cpu.tsv; \
 	$(PY) -m pytest -q --durations=20 -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not runs_last" \
 		--junitxml=$(REPORTS)/integration.xml $(INTEGRATION); integration=$$?; \
 	$(PY) -m pytest -q -m runs_last --junitxml=$(REPORTS)/integration-last.xml $(INTEGRATION); last=$$?; \

@@ -6,7 +6,8 @@ Phases: setup (timed by .ci/run), then what the Makefile's test target wrote to 
 (one "name<TAB>seconds" line per phase: lint + unit tests, which run beside the integration tests,
 and the integration tests). The slowest tests come from the JUnit XML reports pytest wrote there; a
 test's time is its setup, call and teardown together (pytest's junit_duration_report default), so a
-module's shared host shows in its first test. Standard library only: it runs whatever broke.
+module's shared host shows in its first test. Then the sandbox hosts' CPU, from guest-cpu.tsv (each
+removed guest's cgroup usage, sandbox/hosts.py). Standard library only: it runs whatever broke.
 """
 
 from __future__ import annotations
@@ -45,6 +46,24 @@ def slowest(reports: Path, top: int) -> list[tuple[float, str, str]]:
     return sorted(cases, reverse=True)[:top]
 
 
+def guest_cpu(reports: Path, top: int) -> tuple[float, list[tuple[float, str]]]:
+    """(all guests' core-seconds, the ``top`` hungriest hosts) from guest-cpu.tsv, one line per removed
+    guest (sandbox/hosts.py; a host booted again by a later module adds a line)."""
+    per_host: dict[str, float] = {}
+    try:
+        lines = (reports / "guest-cpu.tsv").read_text().splitlines()
+    except OSError:
+        return 0.0, []
+    for line in lines:
+        name, _, seconds = line.partition("\t")
+        try:
+            per_host[name] = per_host.get(name, 0.0) + float(seconds)
+        except ValueError:
+            continue
+    ranked = sorted(((seconds, name) for name, seconds in per_host.items()), reverse=True)
+    return sum(per_host.values()), ranked[:top]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reports", type=Path, default=Path(".sandbox/reports"))
@@ -63,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== the {len(cases)} slowest tests (setup + call + teardown, seconds) ==")
     for seconds, test_id, outcome in cases:
         print(f"{seconds:>7.1f}  {test_id}{'' if outcome == 'passed' else f'  [{outcome}]'}")
+    total, hungriest = guest_cpu(args.reports, args.top)
+    if hungriest:
+        print(f"== sandbox hosts' CPU (core-seconds in their cgroups): {total:.0f} in all, the "
+              f"{len(hungriest)} hungriest ==")
+        for seconds, name in hungriest:
+            print(f"{seconds:>7.1f}  {name}")
     return 0
 
 

@@ -45,7 +45,7 @@ import socket
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -1044,6 +1044,29 @@ def _reap(pids: list[int]) -> None:
             pass
 
 
+def guest_cpu_seconds(name: str) -> float | None:
+    """CPU time the guest's processes used since its cgroup was made (cgroup2's cpu.stat usage_usec;
+    None where no hierarchy has it, e.g. a cgroup v1-only machine)."""
+    for d in _cgroup_dirs(name):
+        try:
+            for line in (d / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _record_cpu(name: str) -> None:
+    """One "name<TAB>core-seconds" line per removed guest to $SANDBOX_CPU_LOG (make test sets it: CI's
+    report sums them per host), so where a run's CPU went is in every run's output."""
+    log, seconds = os.environ.get("SANDBOX_CPU_LOG"), guest_cpu_seconds(name)
+    if log and seconds is not None:
+        with suppress(OSError), open(log, "a") as f:
+            f.write(f"{name}\t{seconds:.1f}\n")
+
+
 def _teardown(name: str, index: int | None, pids: list[int]) -> None:
     """Remove everything of one guest; each step tolerates it being gone."""
     pids = sorted(set(pids) | set(_scan_nspawn_pids().get(name, [])))
@@ -1138,6 +1161,8 @@ def remove(name: str) -> None:
         state = _read_state()
         entry = state["hosts"].pop(name, None)
         index = int(entry["index"]) if entry else _index_of(name)
+        if entry:
+            _record_cpu(name)
         _teardown(name, index, [int(entry.get("nspawn_pid") or 0)] if entry else [])
         _write_state(state)
         if not state["hosts"]:
@@ -1157,6 +1182,8 @@ def down() -> list[str]:
         state = _read_state()
         names = _scan_names()
         pids = {n: [int(e.get("nspawn_pid") or 0)] for n, e in state["hosts"].items()}
+        for name in state["hosts"]:
+            _record_cpu(name)
         if names:
             with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
                 list(pool.map(lambda n: _teardown(n, names[n], [p for p in pids.get(n, []) if p]), names))

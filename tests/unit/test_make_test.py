@@ -58,3 +58,29 @@ def test_report_prints_the_phases_and_the_slowest_tests_slowest_first(tmp_path):
     assert slowest == ["  300.5  tests.integration.test_a::test_slow", "   50.0  tests.unit.test_c::test_mid",
                        "   42.0  tests.integration.test_b::test_broken  [failure]"], out
     assert "test_fast" not in out  # positive control above: test_slow, from the same file, is there
+
+
+def test_report_sums_each_hosts_cpu_and_prints_the_hungriest(tmp_path):
+    (tmp_path / "guest-cpu.tsv").write_text("sgc290\t1000.5\nsgc1\t30\nsgc280\t400\nsgc1\t45.5\nbroken line\n")
+    out = report("--reports", str(tmp_path), "--top", "2")
+    hungriest = out[out.index("hungriest"):].splitlines()
+    assert "1476 in all" in out, out  # every line, sgc1 twice (booted by two modules)
+    assert hungriest[1:] == [" 1000.5  sgc290", "  400.0  sgc280"], out
+    assert "sgc1" not in out  # positive control: sgc280, third of four, is there; sgc1 (76) is not in the top 2
+
+
+def test_a_removed_guest_leaves_its_cgroups_cpu_in_the_log(tmp_path, monkeypatch):
+    from sandbox import hosts
+
+    cgroup = tmp_path / "sgc-sgc7"
+    cgroup.mkdir()
+    (cgroup / "cpu.stat").write_text("usage_usec 12345678\nuser_usec 10000000\nsystem_usec 2345678\n")
+    monkeypatch.setattr(hosts, "_cgroup_dirs", lambda name: [tmp_path / "missing", tmp_path / f"sgc-{name}"])
+    log = tmp_path / "guest-cpu.tsv"
+    monkeypatch.setenv("SANDBOX_CPU_LOG", str(log))
+    hosts._record_cpu("sgc7")
+    hosts._record_cpu("sgc8")  # no cgroup: nothing written
+    assert log.read_text() == "sgc7\t12.3\n"
+    monkeypatch.delenv("SANDBOX_CPU_LOG")
+    hosts._record_cpu("sgc7")
+    assert log.read_text() == "sgc7\t12.3\n"
