@@ -71,13 +71,13 @@ test-venvs: .sandbox/sglang-venv/.installed .sandbox/ct-venv/.installed .sandbox
 ## Lint, the stand-ins' test venvs and the unit tests (CPU, loopback only) run beside the integration
 ## tests, which mostly wait on the sandbox hosts, at a low priority (nice 15: the sandbox hosts' timed
 ## starts and ssh handshakes come first on a 2-core machine); their output follows the integration tests' (in
-## REPORTS/unit-tests.log). The integration tests run on WORKERS pytest-xdist workers (default 2), each
+## REPORTS/unit-tests.log). The integration tests run on WORKERS pytest-xdist workers (default 3), each
 ## taking whole groups (a module, or the modules that share hosts: tests/conftest.py), then the tests that
 ## remove every host (marker runs_last) run alone. Each phase's seconds and the JUnit reports go to
 ## REPORTS (default .sandbox/reports; .ci/report.py prints them). INTEGRATION=... / UNIT=... run a part.
 INTEGRATION ?= tests/integration
 UNIT ?= tests/unit
-WORKERS ?= 2
+WORKERS ?= 3
 REPORTS ?= .sandbox/reports
 test: setup .sandbox/nvml-venv/.installed $(HUB_VENV)
 	@mkdir -p $(REPORTS); rm -f $(REPORTS)/*.xml $(REPORTS)/phases.txt; \
