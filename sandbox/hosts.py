@@ -1061,7 +1061,8 @@ def guest_cpu_seconds(name: str) -> float | None:
 def _record_cpu(name: str) -> None:
     """One "name<TAB>core-seconds" line per removed guest to $SANDBOX_CPU_LOG (make test sets it: CI's
     report sums them per host), so where a run's CPU went is in every run's output."""
-    log, seconds = os.environ.get("SANDBOX_CPU_LOG"), guest_cpu_seconds(name)
+    log = os.environ.get("SANDBOX_CPU_LOG")
+    seconds = guest_cpu_seconds(name) if log else None  # read only where a run asks for it
     if log and seconds is not None:
         with suppress(OSError), open(log, "a") as f:
             f.write(f"{name}\t{seconds:.1f}\n")

@@ -164,9 +164,8 @@ def test_sigterm_under_kill_mode_control_group_cuts_the_request(real):
     (the unit's) only the main process gets it: SGLang drains and the request completes, asserted on
     the same restart as /health's phases (test_conformance_health_through_drain_stop_load_and_ready),
     so one real restart carries both."""
-    kill_mode = "control-group"
     assert "KillMode=mixed" in real.run("cat /etc/systemd/system/sglang.service").stdout
-    real.run(f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '[Service]\\nKillMode={kill_mode}\\n' > {DROP_IN}"
+    real.run(f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '[Service]\\nKillMode=control-group\\n' > {DROP_IN}"
              " && systemctl daemon-reload")
     tokens, body = inflight(real)
     try:
@@ -182,7 +181,7 @@ def test_sigterm_under_kill_mode_control_group_cuts_the_request(real):
         code = real.run("cat /tmp/inflight.code").stdout.strip()
         status = real.run("systemctl show sglang.service -p ExecMainStatus --value").stdout.strip()
         log = real.run("journalctl -u sglang.service -o cat --no-pager -n 60").stdout
-        print(f"\nKillMode={kill_mode}: in-flight request of {tokens} tokens HTTP {code}, main process exit status {status}")
+        print(f"\nKillMode=control-group: in-flight request of {tokens} tokens HTTP {code}, main process exit status {status}")
         assert code != "200", (code, log[-3000:])  # the request was cut
         # (the main process got SIGTERM too: its watchdog may log the start of a drain, "Gracefully
         # exiting...", before the schedulers' death takes the tree down; seen once in CI under load)
