@@ -56,10 +56,15 @@ def test_state_file_and_inventory(sandbox_hosts):
 
 
 def test_up_is_idempotent(sandbox_hosts):
-    started = time.monotonic()
+    def lives(host):  # what a reboot or an sshd restart would change
+        return host.run("systemctl show -p ExecMainStartTimestampMonotonic,MainPID ssh; "
+                        "systemctl show -p UserspaceTimestampMonotonic").stdout
+
+    before = [lives(h) for h in sandbox_hosts]
     again = H.up(2)
-    assert time.monotonic() - started < 5
     assert [h.nspawn_pid for h in again] == [h.nspawn_pid for h in sandbox_hosts]
+    assert [lives(h) for h in again] == before
+    assert all(re.search(r"^MainPID=[1-9]", text, re.M) for text in before), before  # a live sshd compared
 
 
 def test_nvidia_smi_on_guest(sandbox_hosts):
@@ -209,14 +214,11 @@ def test_down_cleans_up_also_after_a_crash(sandbox_hosts):
     victim = sandbox_hosts[1]
     os.kill(victim.nspawn_pid, signal.SIGKILL)  # the guest's systemd lives on, orphaned
     H.STATE_FILE.unlink()
-    started = time.monotonic()
     removed = H.down()
-    elapsed = time.monotonic() - started
     assert removed == ["sgc1", "sgc2"]
     assert netns_names() == expected_netns
     assert set(expected_netns) <= set(sandbox_hosts.netns_before)  # nothing of ours is left
     assert _leftovers() == []
-    assert elapsed < 15
     # bring the session's hosts back for any later test
     sandbox_hosts[:] = H.up(len(sandbox_hosts))
     assert sandbox_hosts[1].run("systemctl is-system-running", check=False).stdout.strip() in ("running", "degraded")

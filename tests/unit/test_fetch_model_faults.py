@@ -143,8 +143,10 @@ def test_stalled_body_times_out_and_is_resumed_from_the_last_byte_written(hub, m
     hub.set_faults({"rules": [{"path": shard, "stall": "forever", "after_bytes": 65536, "times": 1}]})
     proc = fetch(hub, model, tmp_path, *FAST)
     assert proc.returncode == 0, out(proc)
-    assert proc.took < 8, proc.took  # --read-timeout 1 reached huggingface_hub (its default would wait 10 s)
     stalled, again = gets(hub, shard)
+    # --read-timeout 1 reached huggingface_hub (its default would wait 10 s): the hub saw the client
+    # leave the stall within seconds (measured on the hub's side, so no process start is counted in)
+    assert stalled.seconds < 6, stalled.seconds
     assert stalled.fault == "stall" and stalled.bytes_sent == 65536 and not stalled.complete
     # the body is written as it arrives (hub_bytes.tune_transfer): the 64 KiB before the stall are on disk
     assert (again.status, again.range) == (206, "bytes=65536-") and again.complete

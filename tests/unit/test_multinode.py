@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import runpy
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -236,10 +236,10 @@ def test_a_failing_rank_fails_the_group_at_once_with_its_journal(group):
     ])
     group.hosts[0].script = slices(PENDING)  # rank 0 would wait until its timeout
     group.hosts[1].script = slices((False, ["baseline: inv:0", "pending: active/running"]), failed)
-    started = time.monotonic()
     results = group.run(lambda rank: M._group_wait(group.state, group.hosts[rank], spec_for(rank)))
     assert results == [False, False]
-    assert time.monotonic() - started < 2
+    # rank 0 stopped with rank 1's failure: a few slices, not its 120 s timeout's worth
+    assert len(group.hosts[0].commands) < 10, group.hosts[0].commands
     logs1 = group.hosts[1].logs
     assert logs1[0] == "readiness: node group tp16 failed at rank 1 (g1):"
     assert logs1[1].startswith("FAILED: sglang.service is activating/auto-restart")
@@ -327,7 +327,9 @@ def test_slice_without_verdict_prints_baseline_and_pending(wait_ready, monkeypat
     out = capsys.readouterr().out.splitlines()
     assert rc == wait_ready.PENDING == 3
     assert out[0] == "baseline: inv:0"
-    assert out[1].startswith("waiting: 10 s, /health 503 (loading), active/running; GPU MiB used")
+    waiting = re.match(r"waiting: (\d+) s, /health 503 \(loading\), active/running; GPU MiB used", out[1])
+    assert waiting, out[1]
+    assert 10 <= int(waiting[1]) <= 10 + 60  # --elapsed counted in; the slice's own time depends on load
     assert out[2] == "pending: /health 503 (loading), active/running"
 
 

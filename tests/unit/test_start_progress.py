@@ -117,11 +117,10 @@ def test_the_wait_fails_on_a_stall_naming_the_phase_instead_of_waiting_for_the_t
             progress.line(text, pid, wr.time.time())
 
     monkeypatch.setattr(wr, "read_journal", journal)
-    started = wr.time.monotonic()
     rc = wr.main(["--unit", "sglang.service", "--url", "http://x", "--served-name", "tiny", "--timeout", "60",
                   "--stall", "0.3", "--ranks", "2"])
     out = capsys.readouterr().out.splitlines()
-    assert rc == 1 and wr.time.monotonic() - started < 5
+    assert rc == 1  # on the stall (the first line below), not "not ready after 60 s"
     assert out[0].startswith("FAILED: the start made no progress for 0 s (start_stall_s 0): stuck in 'starting': TP1")
     assert not any(line.startswith("cause:") for line in out)  # the stall line is the cause
 
