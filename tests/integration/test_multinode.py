@@ -182,7 +182,8 @@ def test_broken_rank_fails_the_whole_group_with_its_journal(group):
     times = [float(line.split()[0]) for line in exits]
     failed_at = max((t for t in times if t <= reported), default=times[0])
     FIGURES["rank 1 failure -> group reported failed"] = reported - failed_at
-    assert 0 <= reported - failed_at < 3, (failed_at, reported, proc.out)
+    # (far below rank 0's 120 s: a 1 s slice and an ssh round trip, with slack for a loaded CI machine)
+    assert 0 <= reported - failed_at < 30, (failed_at, reported, proc.out)
     assert proc.seconds < 60, proc.out
 
 

@@ -198,7 +198,7 @@ def test_stall_sends_headers_then_no_body_byte_for_the_stall(model):
             r.read(1)
         conn.close()
         rec = [x for x in hub.requests if x.file == "config.json"][-1]
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 20  # a bound only
         while time.monotonic() < deadline and rec.seconds == 0.0:
             time.sleep(0.05)
         assert rec.fault == "stall" and not rec.complete and rec.bytes_sent == 0 and rec.seconds > 0
