@@ -100,6 +100,12 @@ def acs_findings(used: dict[str, int], paths: PciPaths) -> list[str]:
     return found
 
 
+def unread_bridges(used: dict[str, int], paths: PciPaths) -> list[str]:
+    """The bridges above the TP GPUs whose capabilities lspci could not read (not root): ACS unknown."""
+    above = {bridge for address in used for bridge in paths.paths.get(address, ())}
+    return sorted(b for b in above if b in paths.bridges and paths.bridges[b].capabilities_denied)
+
+
 def sys_pairs(indexes: list[int], topo: Topology | None) -> list[tuple[int, int]]:
     """The pairs of ``indexes`` that meet only across the CPU interconnect (nvidia-smi topo -m: SYS)."""
     if topo is None or not topo.gpus:
@@ -152,6 +158,11 @@ def judge(spec: Spec, gpus: list[Gpu], cmdline: dict[str, str], hmm_off: bool | 
     if not paths.lspci:
         fitness.notes.append("host fitness: lspci is not installed (apt install pciutils): ACS on the GPUs' bridges "
                              "not checked")
+    unread = unread_bridges(used, paths)
+    if unread:
+        fitness.notes.append(f"host fitness: ACS not checked on PCIe bridge(s) {', '.join(unread)}: lspci printed "
+                             "'Capabilities: <access denied>' (it ran without root); run the deploy as root "
+                             "(ssh_user root, or _sudo=True)")
     fitness.findings = iommu_findings(used, view, cmdline) + acs_findings(used, paths)
     if hmm_off is False:
         fitness.notes.append("WARNING: nvidia_uvm's HMM is on (uvm_disable_hmm=N): operators of 8x RTX PRO 6000 "

@@ -10,7 +10,7 @@ The GPUs are named by their sysfs address, ``0000:c1:00.0`` (``sysfs_address`` t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -88,6 +88,9 @@ class Bridge(FactValue):
     address: str
     description: str  # lspci's line for it, e.g. "PCI bridge: Broadcom / LSI PEX890xx ..."
     acs_control: dict[str, bool] | None  # ACSCtl flags (ReqRedir, CmpltRedir, ...); None: no ACS capability
+    # lspci printed "Capabilities: <access denied>" (pciutils ls-caps.c show_caps: the config space past
+    # the first 64 bytes is root's): its ACS is unknown, not absent
+    capabilities_denied: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class PciAcsPaths(FactBase[PciPaths]):
             'for b in $(for d in "$@"; do readlink -f "/sys/bus/pci/devices/$d" 2>/dev/null; done | tr / "\\n" | '
             "grep -E '^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]$' | sort -u); do "
             'case " $* " in *" $b "*) continue;; esac; echo "bridge $b"; '
-            "lspci -vvv -s \"$b\" 2>/dev/null | grep -E '^[0-9a-f]|ACSCtl:'; done; true",
+            "lspci -vvv -s \"$b\" 2>/dev/null | grep -E '^[0-9a-f]|ACSCtl:|<access denied>'; done; true",
         )
 
     def process(self, output: list[str]) -> PciPaths:
@@ -142,7 +145,9 @@ class PciAcsPaths(FactBase[PciPaths]):
                 current = words[1]
                 bridges[current] = Bridge(current, "", None)
             elif current and "ACSCtl:" in line:
-                bridges[current] = Bridge(current, bridges[current].description, acs_flags(line))
+                bridges[current] = replace(bridges[current], acs_control=acs_flags(line))
+            elif current and "<access denied>" in line:
+                bridges[current] = replace(bridges[current], capabilities_denied=True)
             elif current and line and not line[0].isspace():
-                bridges[current] = Bridge(current, line.split(" ", 1)[-1].strip(), bridges[current].acs_control)
+                bridges[current] = replace(bridges[current], description=line.split(" ", 1)[-1].strip())
         return PciPaths(lspci=has_lspci, paths=paths, bridges=bridges, missing=tuple(missing))

@@ -5,6 +5,7 @@ sources in each file), and the P2P level from the topology."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import subprocess
 from pathlib import Path
 
@@ -29,6 +30,7 @@ TRANSLATED = fact("pci.IommuGroups", "translated", IommuGroups)
 ACS_OFF = fact("pci.PciAcsPaths", "switch_acs_redirect_off", PciAcsPaths)
 ACS_ON = fact("pci.PciAcsPaths", "switch_acs_redirect_on", PciAcsPaths)
 SIMULATED = fact("pci.PciAcsPaths", "simulated_gpus", PciAcsPaths)
+NOT_ROOT = fact("pci.PciAcsPaths", "switch_not_root", PciAcsPaths)
 
 
 def gpus(*buses: str) -> list[Gpu]:
@@ -73,6 +75,20 @@ def test_acs_redirect_fails_naming_each_bridge_its_gpus_and_the_setpci_fix():
     assert "0000:02:02.0" in fitness.findings[1] and "above GPU 1" in fitness.findings[1]
     # the root port above both (ReqRedir- there) is not named: a positive control for "not in the findings"
     assert not [f for f in fitness.findings if "0000:00:01.1" in f]
+
+
+def test_bridges_lspci_could_not_read_are_said_unchecked_not_passed_as_without_acs():
+    # the host of the test above, read without root: its redirect is there, lspci cannot show it
+    fitness = judge(spec(), TWO, {}, True, PASSTHROUGH, NOT_ROOT, ASUS_TOPO, 2)
+    assert fitness.findings == []
+    assert fitness.notes == [
+        "host fitness: ACS not checked on PCIe bridge(s) 0000:00:01.1, 0000:01:00.0, 0000:02:01.0, 0000:02:02.0: "
+        "lspci printed 'Capabilities: <access denied>' (it ran without root); run the deploy as root (ssh_user "
+        "root, or _sudo=True)"]
+    # only the bridges above the TP GPUs are named (here GPU 0 hangs off the root port directly)
+    one_side = judge(spec(), TWO, {}, True, PASSTHROUGH,
+                     replace(NOT_ROOT, paths={**NOT_ROOT.paths, "0000:06:00.0": ("0000:00:01.1",)}), ASUS_TOPO, 2)
+    assert "0000:02:01.0" not in one_side.notes[0] and "0000:02:02.0" in one_side.notes[0]
 
 
 def test_p2p_level_is_held_back_while_a_finding_stands_set_by_hand_or_p2p_broken():

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ GPU_IDS = " ".join(f"0000:{0x18 + 0x10 * i:02x}:00.0" for i in range(8))
 class Tree:
     """A sandbox host's tree written under tmp_path, read with the facts' commands."""
 
-    def __init__(self, tmp_path: Path, iommu: str = "pt", acs_redirect: str = "", count: int = 8):
+    def __init__(self, tmp_path: Path, iommu: str = "pt", acs_redirect: str = "", count: int = 8,
+                 script: Path = ROOT / "sandbox" / "lspci.py", python: str = sys.executable):
         self.layout = gpusim.make_layout(count=count) | {"pci": pcisim.settings(iommu, acs_redirect)}
         self.base = tmp_path / "pci"
         self.found = pcisim.write_tree(self.base, self.layout)
@@ -44,21 +46,21 @@ class Tree:
         for bdf, text in pcisim.lspci_fast(self.found).items():
             (tmp_path / "fast" / bdf).write_text(text)
         wrapper = tmp_path / "bin" / "lspci"  # as hosts.install_guest_files installs it, at these paths
-        wrapper.write_text(pcisim.lspci_wrapper(str(ROOT / "sandbox" / "lspci.py"), str(tmp_path / "fast"),
-                                                sys.executable))
+        wrapper.write_text(pcisim.lspci_wrapper(str(script), str(tmp_path / "fast"), python))
         wrapper.chmod(0o755)
         self.env = {**os.environ, "SANDBOX_PCI_MODEL": str(tmp_path / "pci.json"),
                     "SANDBOX_GPU_LAYOUT": str(tmp_path / "layout.json"), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
 
-    def run(self, command: str) -> list[str]:
+    def run(self, command: str, as_user: list[str] = ()) -> list[str]:
         command = command.replace("/sys/", f"{self.base}/sys/").replace("/proc/cmdline", f"{self.base}/proc/cmdline")
-        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=self.env, timeout=60)
+        proc = subprocess.run([*as_user, "bash", "-c", command], capture_output=True, text=True, env=self.env,
+                              timeout=60)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.splitlines()
 
-    def fact(self, cls, **kwargs):
+    def fact(self, cls, as_user: list[str] = (), **kwargs):
         command = cls().command(**kwargs)
-        return cls().process(self.run(command if isinstance(command, str) else command.get_raw_value()))
+        return cls().process(self.run(command if isinstance(command, str) else command.get_raw_value(), as_user))
 
     def lspci(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["lspci", *args], capture_output=True, text=True, env=self.env, timeout=60)
@@ -174,6 +176,29 @@ def test_lspci_as_an_unprivileged_user_is_denied_the_capabilities(tmp_path, monk
     assert lspci.main(["-vvv", "-s", "00:01.1"]) == 0
     out = capsys.readouterr().out
     assert "\tCapabilities: <access denied>" in out and "ACSCtl" not in out
+
+
+def test_the_fact_read_without_root_says_the_bridges_unchecked_instead_of_passing_them():
+    """The bad host (ACS redirect everywhere) read by a user who is not root: the stand-in prints
+    "<access denied>" as pciutils does, and the verdict says the ACS was not checked."""
+    system_python = "/usr/bin/python3"  # this venv's interpreter may sit below root's home (0700)
+    if not os.access(system_python, os.X_OK):
+        pytest.fail(f"{system_python} is needed to run the lspci stand-in as nobody")
+    with tempfile.TemporaryDirectory(prefix="pcisim-nobody-") as name:  # pytest's tmp_path is root's alone (0700)
+        shared = Path(name)
+        shared.chmod(0o755)
+        script = shared / "lspci.py"
+        script.write_bytes((ROOT / "sandbox" / "lspci.py").read_bytes())
+        tree = Tree(shared, acs_redirect="all", script=script, python=system_python)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        assert tree.fact(PciAcsPaths, bus_ids=GPU_IDS).bridges["0000:11:00.0"].acs_control["ReqRedir"]  # as root
+        paths = tree.fact(PciAcsPaths, nobody, bus_ids=GPU_IDS)
+        assert paths.lspci and paths.missing == () and len(paths.bridges) > 8
+        assert all(b.capabilities_denied and b.acs_control is None for b in paths.bridges.values())
+        fitness = judge(ct200_spec(), tree.gpus(), tree.fact(KernelCmdline), None,
+                        tree.fact(IommuGroups, bus_ids=GPU_IDS), paths, tree.topology(), 2)
+    assert not [f for f in fitness.findings if "ACS" in f]
+    assert [n for n in fitness.notes if n.startswith("host fitness: ACS not checked on PCIe bridge(s) 0000:00:01.1")]
 
 
 def test_rewritten_in_place_a_bound_guest_sees_the_new_state(tmp_path):
