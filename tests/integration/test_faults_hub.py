@@ -421,7 +421,7 @@ def test_a_wrong_token_fails_clearly_and_is_never_written_down(bed):
             bg = background_deploy(bed, token=wrong)
             try:
                 bg.wait_for("model: downloading in", timeout=120)
-                wait_until(lambda: _fetch_pid(bed) > 0, 10, "the download's process")
+                wait_until(lambda: _fetch_pid(bed) > 0, 60, "the download's process")
                 wait_until(lambda: any(r.status == 429 for r in bed.hub.requests if r.client == bed.client),
                            30, "the download's first request")
                 held = time.monotonic()
