@@ -202,7 +202,7 @@ def test_hold_registers_and_exits_on_sigterm(gpu_env):
         out = smi(gpu_env, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits")
         assert out.stdout.splitlines() == [f"{proc.pid}, holder, 56320"] * 2
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

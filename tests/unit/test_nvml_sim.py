@@ -194,7 +194,7 @@ def state(tmp_path):
             proc.send_signal(signal.SIGTERM)
     for proc in procs.values():
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -343,7 +343,7 @@ def test_dead_and_reused_pids_hold_nothing(nvml_dir, pynvml_python, state):
     live = state["hold"]("3", 64)  # positive control: a live holder is seen by both
     a = state["hold"]("2", 2048)
     state["procs"][a].kill()  # SIGKILL: no unregister, the registration stays behind
-    state["procs"][a].wait(timeout=10)
+    state["procs"][a].wait(timeout=60)
     assert (state["registry"] / f"{a}.json").exists()
     # our own PID, registered with another starttime: a reused PID
     state["registry"].mkdir(exist_ok=True)

@@ -86,7 +86,7 @@ def test_nvfp4_under_compressed_tensors_0_18_starts_with_sglangs_own_code(bed):
     assert len(serving) == 2, serving  # the server and its one rank; the children that imported torch are gone
     assert [pid for pid in serving if torch_mapped(pid)] == []
     proc.p.send_signal(signal.SIGTERM)
-    assert proc.wait(15) == 0
+    assert proc.wait(60) == 0
 
 
 def child_pids(pid: int) -> list[int]:

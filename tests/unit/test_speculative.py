@@ -370,7 +370,7 @@ def test_the_hub_cli_serves_the_model_and_the_draft(tmp_path):
         assert set(files.sizes) == {".gitattributes", "README.md", "config.json", "model.safetensors"}
     finally:
         proc.send_signal(signal.SIGTERM)  # the hub this test started, by its own Popen
-        proc.wait(timeout=15)
+        proc.wait(timeout=60)
 
 
 # --- the memory fit, the restart stamp, the last good configuration --------------------------
@@ -469,7 +469,7 @@ def test_the_stand_in_loads_the_draft_and_reports_the_settings_under_sglangs_nam
     assert {key: info[key] for key in SETTINGS} == SETTINGS
     assert info["speculative_draft_model_path"] == str(tmp_path / "draft")
     proc.p.send_signal(signal.SIGTERM)
-    assert proc.wait(15) == 0
+    assert proc.wait(60) == 0
 
 
 def standin_module(monkeypatch):
@@ -517,7 +517,7 @@ def test_the_stand_in_reports_the_drafts_acceptance_in_generate_and_metrics_like
             f'sglang:spec_accept_length{{model_name="{bed.model}",engine_type="unified",tp_rank="0",pp_rank="0",'
             'moe_ep_rank="0"} 1.0\n') in text, text
     proc.p.send_signal(signal.SIGTERM)
-    assert proc.wait(15) == 0
+    assert proc.wait(60) == 0
     plain_port = free_port()  # without a draft: neither
     plain = bed.start(["--model-path", str(bed.model), "--tp-size", "2", "--host", "127.0.0.1", "--port",
                        str(plain_port), "--enable-metrics"])
@@ -526,7 +526,7 @@ def test_the_stand_in_reports_the_drafts_acceptance_in_generate_and_metrics_like
     assert status == 200 and not [k for k in answer["meta_info"] if k.startswith("spec_")], answer
     assert "spec_accept_length" not in http("GET", f"http://127.0.0.1:{plain_port}/metrics")[1]
     plain.p.send_signal(signal.SIGTERM)
-    assert plain.wait(15) == 0
+    assert plain.wait(60) == 0
 
 
 def test_the_stand_in_fails_like_sglang_on_a_missing_draft(bed, tmp_path):
