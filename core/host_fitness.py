@@ -80,14 +80,19 @@ def iommu_findings(used: dict[str, int], view: IommuView, cmdline: dict[str, str
     return found
 
 
-def acs_findings(used: dict[str, int], paths: PciPaths) -> list[str]:
-    """ACS redirect on the bridges between the TP GPUs and their root complexes."""
+def bridges_above(used: dict[str, int], paths: PciPaths) -> dict[str, list[int]]:
+    """Each bridge between a TP GPU and its root complex -> the GPU indexes below it."""
     below: dict[str, list[int]] = {}
     for address, index in used.items():
         for bridge in paths.paths.get(address, ()):
             below.setdefault(bridge, []).append(index)
+    return below
+
+
+def acs_findings(used: dict[str, int], paths: PciPaths) -> list[str]:
+    """ACS redirect on the bridges between the TP GPUs and their root complexes."""
     found = []
-    for bridge, indexes in sorted(below.items()):
+    for bridge, indexes in sorted(bridges_above(used, paths).items()):
         info = paths.bridges.get(bridge)
         flags = [f"{flag}+" for flag in REDIRECT_FLAGS if info and info.acs_control and info.acs_control.get(flag)]
         if flags:
@@ -102,8 +107,7 @@ def acs_findings(used: dict[str, int], paths: PciPaths) -> list[str]:
 
 def unread_bridges(used: dict[str, int], paths: PciPaths) -> list[str]:
     """The bridges above the TP GPUs whose capabilities lspci could not read (not root): ACS unknown."""
-    above = {bridge for address in used for bridge in paths.paths.get(address, ())}
-    return sorted(b for b in above if b in paths.bridges and paths.bridges[b].capabilities_denied)
+    return sorted(b for b in bridges_above(used, paths) if b in paths.bridges and paths.bridges[b].capabilities_denied)
 
 
 def sys_pairs(indexes: list[int], topo: Topology | None) -> list[tuple[int, int]]:

@@ -5,8 +5,8 @@ sources in each file), and the P2P level from the topology."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest

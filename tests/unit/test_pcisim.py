@@ -51,14 +51,14 @@ class Tree:
         self.env = {**os.environ, "SANDBOX_PCI_MODEL": str(tmp_path / "pci.json"),
                     "SANDBOX_GPU_LAYOUT": str(tmp_path / "layout.json"), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
 
-    def run(self, command: str, as_user: list[str] = ()) -> list[str]:
+    def run(self, command: str, as_user: tuple[str, ...] = ()) -> list[str]:
         command = command.replace("/sys/", f"{self.base}/sys/").replace("/proc/cmdline", f"{self.base}/proc/cmdline")
         proc = subprocess.run([*as_user, "bash", "-c", command], capture_output=True, text=True, env=self.env,
                               timeout=60)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.splitlines()
 
-    def fact(self, cls, as_user: list[str] = (), **kwargs):
+    def fact(self, cls, as_user: tuple[str, ...] = (), **kwargs):
         command = cls().command(**kwargs)
         return cls().process(self.run(command if isinstance(command, str) else command.get_raw_value(), as_user))
 
@@ -190,7 +190,7 @@ def test_the_fact_read_without_root_says_the_bridges_unchecked_instead_of_passin
         script = shared / "lspci.py"
         script.write_bytes((ROOT / "sandbox" / "lspci.py").read_bytes())
         tree = Tree(shared, acs_redirect="all", script=script, python=system_python)
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
         assert tree.fact(PciAcsPaths, bus_ids=GPU_IDS).bridges["0000:11:00.0"].acs_control["ReqRedir"]  # as root
         paths = tree.fact(PciAcsPaths, nobody, bus_ids=GPU_IDS)
         assert paths.lspci and paths.missing == () and len(paths.bridges) > 8
